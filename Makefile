@@ -1,0 +1,39 @@
+# Kiln's entry points. `make demo` and `make test` work on a fresh clone: they create .venv first.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STATE := $(CURDIR)/.kiln
+export DAGSTER_HOME ?= $(STATE)/dagster
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install demo test test-quick ui mlflow clean
+
+$(BIN)/kiln: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build (any other spec pulls GBs of CUDA wheels).
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(BIN)/kiln
+
+demo: install
+	$(BIN)/kiln demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-quick: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+ui: install
+	@mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+	$(BIN)/dagster dev -m workflows.definitions -h 127.0.0.1 -p 3000
+
+mlflow: install
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(STATE)/mlflow.db --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf $(STATE)

@@ -1,0 +1,1 @@
+"""One module per stage. Each reads like a paragraph: inputs, the engine call, metadata, checks."""

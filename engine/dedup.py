@@ -1,0 +1,405 @@
+"""Exact and near-duplicate removal over Spark DataFrames.
+
+Stages (all deterministic: every choice is a minimum under a total order, so the result
+does not depend on partitioning, partition order or the number of cores):
+
+1. Exact: hash of `normalise_for_exact(text)`; in each hash group the best document by
+   the keep rule survives ("representative"), the rest are removed with reason `exact`.
+2. Near, over representatives only: LSH band hashes of the stored MinHash signatures,
+   documents sharing a (band, band_hash) bucket get star edges to the bucket's smallest
+   doc_id, optionally verified by Jaccard, then connected components (large-star /
+   small-star with plain DataFrame ops). In each component the best document survives,
+   the rest are removed with reason `near`.
+
+Keep rule: higher `keep_signal` first (lower when `keep_signal_descending=False`), missing
+or NaN signal last, then the smallest doc_id. doc_id must be unique.
+
+duplicates_df has one row per removed document: doc_id, cluster_id, kept_doc_id, reason.
+kept_doc_id is always a surviving document (an exact duplicate of a document that was
+itself removed as a near duplicate points at the survivor of that near cluster), and
+cluster_id is the smallest doc_id of all documents (exact and near) in the cluster.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from engine.minhash import exact_hash, optimal_bands, shingle_hashes, signatures_from_bytes
+
+
+class DedupConfig(BaseModel):
+    """Deduplication parameters (defaults tuned for 112-permutation signatures)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_perm: int = Field(112, ge=1, le=4096, description="Values per stored signature.")
+    bands: int = Field(14, ge=1, le=4096, description="LSH bands; 14x8 puts the S-curve midpoint at J~0.72.")
+    rows: int = Field(8, ge=1, le=4096, description="Signature values per band.")
+    threshold: float | None = Field(
+        None, gt=0.0, lt=1.0, description="If set, bands/rows are derived like datasketch's MinHashLSH."
+    )
+    exact: bool = Field(True, description="Run the exact-duplicate stage.")
+    near: bool = Field(True, description="Run the near-duplicate (MinHash LSH) stage.")
+    exact_nfc: bool = Field(True, description="Exact stage: Unicode NFC before hashing.")
+    exact_casefold: bool = Field(True, description="Exact stage: case-fold before hashing.")
+    exact_collapse_whitespace: bool = Field(True, description="Exact stage: whitespace runs -> one space, strip.")
+    verify_jaccard: bool = Field(
+        False,
+        description="Drop candidate edges whose Jaccard is below verify_threshold. Off by default: "
+        "see tests/benchmarks/bench_dedup.py for the measured precision/recall trade-off.",
+    )
+    verify_threshold: float = Field(0.8, ge=0.0, le=1.0, description="Minimum Jaccard of a verified edge.")
+    verify_method: Literal["signature", "shingles"] = Field(
+        "signature",
+        description="'signature': Jaccard estimated from the stored signatures (no text shuffle); "
+        "'shingles': exact Jaccard of the shingle-hash sets (ships both texts per edge).",
+    )
+    ngram: int = Field(5, ge=1, le=64, description="Shingle size, for verify_method='shingles'.")
+    keep_signal: str = Field("classifier_score", min_length=1, description="Column ranking documents to keep.")
+    keep_signal_descending: bool = Field(True, description="True: higher keep_signal is better.")
+    max_cc_iterations: int = Field(40, ge=1, le=1000, description="Large-star/small-star rounds before giving up.")
+    example_pairs: int = Field(5, ge=0, le=1000, description="Example (doc_id, kept_doc_id) pairs per reason in stats.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_bands(cls, data):
+        if isinstance(data, dict) and data.get("threshold") is not None:
+            if "bands" in data or "rows" in data:
+                raise ValueError("give either threshold or bands/rows, not both")
+            threshold = float(data["threshold"])
+            if 0.0 < threshold < 1.0:
+                bands, rows = optimal_bands(threshold, int(data.get("num_perm", 112)))
+                data = {**data, "bands": bands, "rows": rows}
+        return data
+
+    @model_validator(mode="after")
+    def _check_bands(self):
+        if self.bands * self.rows > self.num_perm:
+            raise ValueError(f"bands*rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
+        return self
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _materialise(df: DataFrame) -> DataFrame:
+    """Compute once and cut the lineage (reliable checkpoint when a checkpoint dir is set)."""
+    if df.sparkSession.sparkContext.getCheckpointDir():
+        return df.checkpoint(eager=True)
+    return df.localCheckpoint(eager=True)
+
+
+def _keep_order(cfg: DedupConfig, has_signal: bool) -> list[Column]:
+    """Best document first; doc_id makes the order total."""
+    order = []
+    if has_signal:
+        order.append(F.col("_keep").desc_nulls_last() if cfg.keep_signal_descending else F.col("_keep").asc_nulls_last())
+    order.append(F.col("doc_id").asc())
+    return order
+
+
+def _keep_column(docs_df: DataFrame, cfg: DedupConfig) -> tuple[Column, bool]:
+    if cfg.keep_signal not in docs_df.columns:
+        return F.lit(None).cast("double"), False
+    value = F.col(cfg.keep_signal).cast("double")
+    # Spark orders NaN above every number; a NaN score must not win.
+    return F.when(F.isnan(value), F.lit(None).cast("double")).otherwise(value), True
+
+
+def _exact_hash_fn(cfg: DedupConfig):
+    options = dict(nfc=cfg.exact_nfc, casefold=cfg.exact_casefold, collapse_whitespace=cfg.exact_collapse_whitespace)
+
+    def fn(batches):
+        for pdf in batches:
+            hashes = [exact_hash(t if t is not None else "", **options) for t in pdf["text"]]
+            yield pd.DataFrame({"doc_id": pdf["doc_id"], "_keep": pdf["_keep"], "exact_hash": hashes})
+
+    return fn
+
+
+def band_hashes(signatures: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """(n, bands) int64 hash of each band's `rows` values.
+
+    FNV-1a style mixing of the 32-bit values then the MurmurHash3 64-bit finaliser; two
+    different bands collide with probability ~2^-64, which would only add a candidate edge.
+    """
+    if signatures.shape[1] < bands * rows:
+        raise ValueError(f"signatures have {signatures.shape[1]} values, bands*rows needs {bands * rows}")
+    x = signatures[:, : bands * rows].reshape(len(signatures), bands, rows).astype(np.uint64)
+    h = np.full((len(signatures), bands), 0xCBF29CE484222325, dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
+    for r in range(rows):
+        h ^= x[:, :, r]
+        h *= prime
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xC4CEB9FE1A85EC53)
+    h ^= h >> np.uint64(33)
+    return h.view(np.int64)
+
+
+def _band_fn(cfg: DedupConfig):
+    bands, rows, num_perm = cfg.bands, cfg.rows, cfg.num_perm
+
+    def fn(batches):
+        for pdf in batches:
+            sig = signatures_from_bytes(pdf["minhash"], num_perm)
+            h = band_hashes(sig, bands, rows)
+            yield pd.DataFrame(
+                {
+                    "doc_id": np.repeat(pdf["doc_id"].to_numpy(), bands),
+                    "band": np.tile(np.arange(bands, dtype=np.int32), len(pdf)),
+                    "band_hash": h.ravel(),
+                }
+            )
+
+    return fn
+
+
+def _signature_jaccard_fn(num_perm: int):
+    def fn(batches):
+        for pdf in batches:
+            a = signatures_from_bytes(pdf["sig_src"], num_perm)
+            b = signatures_from_bytes(pdf["sig_dst"], num_perm)
+            yield pd.DataFrame({"src": pdf["src"], "dst": pdf["dst"], "jaccard": (a == b).mean(axis=1)})
+
+    return fn
+
+
+def _shingle_jaccard_fn(ngram: int):
+    def fn(batches):
+        for pdf in batches:
+            ha, oa = shingle_hashes(list(pdf["text_src"].fillna("")), ngram)
+            hb, ob = shingle_hashes(list(pdf["text_dst"].fillna("")), ngram)
+            jac = np.empty(len(pdf))
+            for i in range(len(pdf)):
+                sa, sb = np.unique(ha[oa[i] : oa[i + 1]]), np.unique(hb[ob[i] : ob[i + 1]])
+                inter = len(np.intersect1d(sa, sb, assume_unique=True))
+                jac[i] = inter / (len(sa) + len(sb) - inter)
+            yield pd.DataFrame({"src": pdf["src"], "dst": pdf["dst"], "jaccard": jac})
+
+    return fn
+
+
+# ----------------------------------------------------------------------------- connected components
+
+
+def _large_star(edges: DataFrame) -> DataFrame:
+    """Every node links its larger neighbours to the minimum of its closed neighbourhood."""
+    sym = edges.select(F.col("src").alias("u"), F.col("dst").alias("v")).unionByName(
+        edges.select(F.col("dst").alias("u"), F.col("src").alias("v"))
+    )
+    m = F.least(F.min("v").over(Window.partitionBy("u")), F.col("u"))
+    return (
+        sym.withColumn("m", m)
+        .where(F.col("v") > F.col("u"))
+        .select(F.col("v").alias("src"), F.col("m").alias("dst"))
+        .distinct()
+    )
+
+
+def _small_star(edges: DataFrame) -> DataFrame:
+    """Every node links itself and its smaller neighbours to the smallest of them."""
+    oriented = edges.select(F.greatest("src", "dst").alias("u"), F.least("src", "dst").alias("v"))
+    oriented = oriented.withColumn("m", F.min("v").over(Window.partitionBy("u")))
+    smaller = oriented.where(F.col("v") != F.col("m")).select(F.col("v").alias("src"), F.col("m").alias("dst"))
+    itself = oriented.select(F.col("u").alias("src"), F.col("m").alias("dst"))
+    return smaller.unionByName(itself).distinct()
+
+
+def _is_star_forest(edges: DataFrame) -> bool:
+    """Each src has one dst and no dst is itself a src: then dst is the component root.
+    One aggregation over both endpoints answers both questions in a single job."""
+    roles = edges.select(F.col("src").alias("node"), F.lit(1).alias("child"), F.lit(0).alias("parent")).unionByName(
+        edges.select(F.col("dst").alias("node"), F.lit(0).alias("child"), F.lit(1).alias("parent"))
+    )
+    per_node = roles.groupBy("node").agg(F.sum("child").alias("parents"), F.max("parent").alias("is_parent"))
+    bad = per_node.where((F.col("parents") > 1) | ((F.col("parents") >= 1) & (F.col("is_parent") == 1)))
+    return bad.limit(1).count() == 0
+
+
+def connected_components(edges: DataFrame, max_iterations: int = 40) -> tuple[DataFrame, int]:
+    """Components of the undirected graph `edges` (src, dst: string node ids).
+
+    Returns ((doc_id, root) for every node in an edge, roots included, where root is the
+    smallest node id of the component; iterations used). Large-star/small-star (Kiveris et
+    al., 2014) converges in O(log^2 n) rounds; both steps preserve connectivity, so once the
+    edge set is a forest of stars pointing at smaller ids the star centres are the roots.
+    """
+    current = _materialise(
+        edges.where(F.col("src") != F.col("dst"))
+        .select(F.greatest("src", "dst").alias("src"), F.least("src", "dst").alias("dst"))
+        .distinct()
+    )
+    iterations = 0
+    while not _is_star_forest(current):
+        if iterations >= max_iterations:
+            raise RuntimeError(f"connected components did not converge in {max_iterations} iterations")
+        current = _materialise(_small_star(_large_star(current)))
+        iterations += 1
+    roots = current.select(F.col("dst").alias("doc_id"), F.col("dst").alias("root")).distinct()
+    labels = current.select(F.col("src").alias("doc_id"), F.col("dst").alias("root")).unionByName(roots)
+    return labels, iterations
+
+
+# ----------------------------------------------------------------------------- deduplicate
+
+_DUPLICATES_SCHEMA = "doc_id string, cluster_id string, kept_doc_id string, reason string"
+
+
+def _size_bin(size: int) -> str:
+    if size <= 4:
+        return str(size)
+    upper = 1 << (size - 1).bit_length()
+    return f"{upper // 2 + 1}-{upper}"
+
+
+def deduplicate(
+    spark: SparkSession, docs_df: DataFrame, signatures_df: DataFrame, cfg: DedupConfig | None = None
+) -> tuple[DataFrame, DataFrame, dict]:
+    """Remove exact and near duplicates.
+
+    docs_df: doc_id, text, cfg.keep_signal (optional; without it the smallest doc_id wins)
+    and any other columns, which kept_df passes through unchanged. signatures_df: doc_id,
+    minhash (little-endian uint32 x num_perm); documents without a signature only take part
+    in the exact stage. Returns (kept_df, duplicates_df, stats).
+    """
+    cfg = cfg or DedupConfig()
+    keep, has_signal = _keep_column(docs_df, cfg)
+    order = _keep_order(cfg, has_signal)
+    base = docs_df.select("doc_id", "text", keep.alias("_keep"))
+
+    # --- exact stage: representatives are the best document of each normalised-text group.
+    if cfg.exact:
+        hashed = base.mapInPandas(_exact_hash_fn(cfg), "doc_id string, _keep double, exact_hash string")
+        group = Window.partitionBy("exact_hash")
+        ranked = Window.partitionBy("exact_hash").orderBy(*order)
+        exact = _materialise(
+            hashed.select(
+                "doc_id",
+                "_keep",
+                F.row_number().over(ranked).alias("rank"),
+                F.first("doc_id").over(ranked).alias("rep"),
+                F.min("doc_id").over(group).alias("group_min"),
+            )
+        )
+    else:
+        exact = _materialise(
+            base.select(
+                "doc_id", "_keep", F.lit(1).alias("rank"), F.col("doc_id").alias("rep"), F.col("doc_id").alias("group_min")
+            )
+        )
+    reps = exact.where(F.col("rank") == 1).select("doc_id", "_keep", "group_min")
+    exact_removed = exact.where(F.col("rank") > 1).select("doc_id", "rep", "group_min")
+
+    stats: dict = {"input_docs": exact.count(), "bands": cfg.bands, "rows": cfg.rows}
+
+    # --- near stage over representatives.
+    if cfg.near:
+        rep_sigs = (
+            signatures_df.select("doc_id", "minhash")
+            .where(F.col("minhash").isNotNull())
+            .join(reps.select("doc_id"), "doc_id", "left_semi")
+        )
+        banded = rep_sigs.mapInPandas(_band_fn(cfg), "doc_id string, band int, band_hash long")
+        bucket_min = F.min("doc_id").over(Window.partitionBy("band", "band_hash"))
+        candidates = _materialise(
+            banded.withColumn("root", bucket_min)
+            .where(F.col("doc_id") != F.col("root"))
+            .select(F.col("doc_id").alias("src"), F.col("root").alias("dst"))
+            .distinct()
+        )
+        stats["candidate_edges"] = candidates.count()
+        if cfg.verify_jaccard:
+            candidates = _materialise(_verify(candidates, rep_sigs, docs_df, cfg))
+            stats["verified_edges"] = candidates.count()
+        labels, iterations = connected_components(candidates, cfg.max_cc_iterations)
+        stats["cc_iterations"] = iterations
+
+        in_component = Window.partitionBy("root")
+        ranked = Window.partitionBy("root").orderBy(*order)
+        members = _materialise(
+            labels.join(reps, "doc_id").select(
+                "doc_id",
+                F.row_number().over(ranked).alias("rank"),
+                F.first("doc_id").over(ranked).alias("kept_doc_id"),
+                F.min("group_min").over(in_component).alias("cluster_id"),
+            )
+        )
+        near_removed = members.where(F.col("rank") > 1).select(
+            "doc_id", "cluster_id", "kept_doc_id", F.lit("near").alias("reason")
+        )
+        rep_outcome = members.select(F.col("doc_id").alias("rep"), "kept_doc_id", "cluster_id")
+    else:
+        near_removed = spark.createDataFrame([], _DUPLICATES_SCHEMA)
+        rep_outcome = spark.createDataFrame([], "rep string, kept_doc_id string, cluster_id string")
+
+    exact_rows = exact_removed.join(rep_outcome, "rep", "left").select(
+        "doc_id",
+        F.coalesce("cluster_id", "group_min").alias("cluster_id"),
+        F.coalesce("kept_doc_id", "rep").alias("kept_doc_id"),
+        F.lit("exact").alias("reason"),
+    )
+    duplicates = _materialise(exact_rows.unionByName(near_removed))
+    kept_df = docs_df.join(duplicates.select("doc_id"), "doc_id", "left_anti")
+
+    stats.update(_stats(duplicates, cfg))
+    stats["kept_docs"] = stats["input_docs"] - stats["exact_removed"] - stats["near_removed"]
+    return kept_df, duplicates, stats
+
+
+def _verify(candidates: DataFrame, rep_sigs: DataFrame, docs_df: DataFrame, cfg: DedupConfig) -> DataFrame:
+    schema = "src string, dst string, jaccard double"
+    if cfg.verify_method == "signature":
+        pairs = candidates.join(rep_sigs.select(F.col("doc_id").alias("src"), F.col("minhash").alias("sig_src")), "src").join(
+            rep_sigs.select(F.col("doc_id").alias("dst"), F.col("minhash").alias("sig_dst")), "dst"
+        )
+        scored = pairs.select("src", "dst", "sig_src", "sig_dst").mapInPandas(_signature_jaccard_fn(cfg.num_perm), schema)
+    else:
+        texts = docs_df.select("doc_id", "text")
+        pairs = candidates.join(texts.select(F.col("doc_id").alias("src"), F.col("text").alias("text_src")), "src").join(
+            texts.select(F.col("doc_id").alias("dst"), F.col("text").alias("text_dst")), "dst"
+        )
+        scored = pairs.select("src", "dst", "text_src", "text_dst").mapInPandas(_shingle_jaccard_fn(cfg.ngram), schema)
+    return scored.where(F.col("jaccard") >= cfg.verify_threshold).select("src", "dst")
+
+
+def _stats(duplicates: DataFrame, cfg: DedupConfig) -> dict:
+    per_cluster = duplicates.groupBy("cluster_id").agg(
+        (F.count("*") + 1).alias("size"), F.sum((F.col("reason") == "exact").cast("long")).alias("exact")
+    )
+    by_size = (
+        per_cluster.groupBy("size").agg(F.count("*").alias("clusters"), F.sum("exact").alias("exact")).collect()
+    )
+    histogram: dict[str, int] = {}
+    for row in sorted(by_size, key=lambda r: r["size"]):
+        key = _size_bin(row["size"])
+        histogram[key] = histogram.get(key, 0) + row["clusters"]
+    removed = sum(r["clusters"] * (r["size"] - 1) for r in by_size)
+    exact_removed = sum(r["exact"] for r in by_size)
+
+    first = Window.partitionBy("reason").orderBy("doc_id")
+    rows = (
+        duplicates.withColumn("n", F.row_number().over(first))
+        .where(F.col("n") <= cfg.example_pairs)
+        .select("reason", "doc_id", "kept_doc_id")
+        .collect()
+    )
+    examples = {"exact": [], "near": []}
+    for r in sorted(rows, key=lambda r: (r["reason"], r["doc_id"])):
+        examples[r["reason"]].append([r["doc_id"], r["kept_doc_id"]])
+    return {
+        "exact_removed": int(exact_removed),
+        "near_removed": int(removed - exact_removed),
+        "clusters": int(sum(r["clusters"] for r in by_size)),
+        "largest_cluster": int(max((r["size"] for r in by_size), default=0)),
+        "cluster_size_histogram": histogram,
+        "example_pairs": examples,
+    }

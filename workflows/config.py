@@ -1,0 +1,251 @@
+"""The pipeline config: one checked-in YAML file, one typed schema.
+
+Each stage owns one section. A stage's Dagster `code_version` includes the hash of its own
+section, so editing a filter threshold marks `filtered` changed and nothing upstream.
+Engine sections (filters, dedup, tokenizer, mix) are defined beside the engine code they
+configure and composed here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.dedup import DedupConfig
+from engine.filters import FilterConfig
+from engine.mix import MixConfig
+from engine.tokenizer import TokenizerConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG_PATH = REPO_ROOT / "workflows" / "pipeline.yaml"
+# Bump a stage's entry when its code changes in a way that changes its output.
+STAGE_CODE_VERSIONS = {
+    "raw_crawl": "1",
+    "documents": "1",
+    "quality_classifier": "1",
+    "quality_signals": "1",
+    "filtered": "1",
+    "deduplicated": "1",
+    "tokenizer": "1",
+    "tokenized": "1",
+    "mixed_shards": "1",
+    "checkpoints": "1",
+    "eval_report": "1",
+}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SampleSource(Section):
+    kind: Literal["sample"] = "sample"
+    seed: int = Field(0, description="Seed of the generated sample crawl.")
+    pages: int = Field(300, ge=24, le=500, description="Number of pages in the sample crawl (the generator has distinct text for up to 500).")
+    files: int = Field(2, ge=1, le=64, description="Number of WARC files the sample is split into.")
+
+
+class WarcDirSource(Section):
+    kind: Literal["warc_dir"] = "warc_dir"
+    path: str = Field(description="Folder of .warc/.warc.gz/.wet/.wet.gz files (relative to the repo or absolute).")
+    pattern: str = Field("*.warc*", description="Glob of files to take from `path`.")
+
+
+class RawCrawlConfig(Section):
+    snapshots: dict[str, SampleSource | WarcDirSource] = Field(
+        default_factory=lambda: {"sample": SampleSource()},
+        description="Crawl snapshots (partitions of the per-snapshot assets) and where each comes from.",
+    )
+
+
+class DocumentsConfig(Section):
+    extractor: Literal["resiliparse", "trafilatura"] = Field("resiliparse", description="Main-content extractor.")
+    domain_buckets: dict[str, str] = Field(
+        default_factory=lambda: {"docs.reference.test": "reference"},
+        description="Domain (or domain suffix) to mixture bucket; everything else goes to `default_bucket`.",
+    )
+    default_bucket: str = Field("web", description="Bucket of documents no domain rule matches.")
+    max_bytes: int = Field(10_000_000, ge=1, description="HTTP payloads larger than this are skipped as too_large.")
+
+
+class ClassifierConfig(Section):
+    positive_buckets: list[str] = Field(
+        default_factory=lambda: ["reference"], description="Buckets whose documents are reference-quality text."
+    )
+    max_docs_per_class: int = Field(5000, ge=10, description="Cap on training documents per class.")
+    epoch: int = Field(20, ge=1, le=500, description="fastText training epochs.")
+    holdout: float = Field(0.2, gt=0, lt=1, description="Fraction of documents held out to report accuracy.")
+    seed: int = 0
+
+
+class SignalsConfig(Section):
+    lid_model_path: str | None = Field(
+        None, description="fastText language-ID model; default: lid.176.ftz fetched offline into the state folder."
+    )
+    badword_paths: list[str] = Field(default_factory=list, description="Word lists (one word per line) for bad-word counts.")
+    url_blocklist: list[str] = Field(default_factory=list, description="Blocked domains or URL prefixes.")
+    num_perm: int = Field(112, ge=16, le=1024, description="MinHash permutations (bands x rows of dedup must fit).")
+    ngram: int = Field(5, ge=1, le=32, description="Word n-gram size of MinHash shingles.")
+    minhash_seed: int = 1
+
+
+class TokenizedConfig(Section):
+    num_shards: int = Field(2, ge=1, le=4096, description="Token shards written per snapshot.")
+
+
+class TrainingConfig(Section):
+    preset: Literal["tiny", "125M", "350M", "1B"] = "tiny"
+    steps: int = Field(150, ge=1, description="Optimizer steps.")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per micro step.")
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(3e-3, gt=0, le=1)
+    warmup_steps: int = Field(15, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr.")
+    weight_decay: float = Field(0.01, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    checkpoint_every: int = Field(50, ge=1)
+    keep_last: int = Field(2, ge=1)
+    num_gpus: int = Field(2, ge=1, description="Ranks per node (CPU processes when there is no GPU).")
+    num_nodes: int = Field(1, ge=1)
+    hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs.")
+    seed: int = 0
+
+
+class EvaluationConfig(Section):
+    max_sequences_per_bucket: int = Field(64, ge=1, description="Held-out sequences evaluated per bucket.")
+
+
+class MlflowConfig(Section):
+    tracking_uri: str | None = Field(None, description="Default: sqlite store in the state folder.")
+    experiment: str = "kiln"
+
+
+class SparkConfig(Section):
+    master: str = Field("local[2]", description="spark.master: local[N], spark://host:7077, yarn, k8s://...")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+
+
+class StorageConfig(Section):
+    root: str | None = Field(None, description="Storage root; default: <state>/storage.")
+
+
+class PipelineConfig(Section):
+    raw_crawl: RawCrawlConfig = RawCrawlConfig()
+    documents: DocumentsConfig = DocumentsConfig()
+    quality_classifier: ClassifierConfig = ClassifierConfig()
+    quality_signals: SignalsConfig = SignalsConfig()
+    filters: FilterConfig = FilterConfig()
+    dedup: DedupConfig = DedupConfig()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    tokenized: TokenizedConfig = TokenizedConfig()
+    mix: MixConfig = MixConfig()
+    training: TrainingConfig = TrainingConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    mlflow: MlflowConfig = MlflowConfig()
+    spark: SparkConfig = SparkConfig()
+    storage: StorageConfig = StorageConfig()
+
+    @property
+    def buckets(self) -> list[str]:
+        return sorted({*self.documents.domain_buckets.values(), self.documents.default_bucket})
+
+    @model_validator(mode="after")
+    def _cross_section_checks(self) -> "PipelineConfig":
+        known = self.buckets
+        for name in self.mix.bucket_weights:
+            if name not in known:
+                raise ValueError(
+                    f"mix.bucket_weights: unknown bucket {name!r}; buckets come from documents.domain_buckets "
+                    f"and documents.default_bucket: {', '.join(known)}"
+                )
+        for name in self.quality_classifier.positive_buckets:
+            if name not in known:
+                raise ValueError(f"quality_classifier.positive_buckets: unknown bucket {name!r}; known: {', '.join(known)}")
+        if self.dedup.num_perm != self.quality_signals.num_perm:
+            raise ValueError(
+                f"dedup.num_perm ({self.dedup.num_perm}) must equal quality_signals.num_perm "
+                f"({self.quality_signals.num_perm}): dedup reads the stored signatures"
+            )
+        if self.dedup.bands * self.dedup.rows > self.quality_signals.num_perm:
+            raise ValueError(
+                f"dedup.bands * dedup.rows = {self.dedup.bands * self.dedup.rows} exceeds "
+                f"quality_signals.num_perm = {self.quality_signals.num_perm}"
+            )
+        return self
+
+
+# Which config sections feed each stage's code_version.
+STAGE_SECTIONS = {
+    "raw_crawl": ["raw_crawl"],
+    "documents": ["documents"],
+    "quality_classifier": ["quality_classifier"],
+    "quality_signals": ["quality_signals"],
+    "filtered": ["filters"],
+    "deduplicated": ["dedup"],
+    "tokenizer": ["tokenizer"],
+    "tokenized": ["tokenized"],
+    "mixed_shards": ["mix"],
+    "checkpoints": ["training"],
+    "eval_report": ["evaluation"],
+}
+
+
+class ConfigError(ValueError):
+    """An invalid pipeline config; the message names each bad field and what is allowed."""
+
+
+def _format_errors(path: Path, error: ValidationError) -> str:
+    lines = [f"Invalid pipeline config {path}:"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        message = item["msg"].removeprefix("Value error, ")
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+        lines.append(f"  - {field}: {message}{got}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: Path | str = "<dict>") -> PipelineConfig:
+    try:
+        return PipelineConfig.model_validate(data or {})
+    except ValidationError as error:
+        raise ConfigError(_format_errors(Path(source), error)) from None
+
+
+def config_path() -> Path:
+    return Path(os.environ.get("KILN_CONFIG", DEFAULT_CONFIG_PATH)).resolve()
+
+
+def load_config(path: str | Path | None = None) -> PipelineConfig:
+    path = Path(path) if path else config_path()
+    if not path.exists():
+        raise ConfigError(f"Pipeline config {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ConfigError(f"Pipeline config {path} is not valid YAML: {error}") from None
+    return parse_config(data, path)
+
+
+def section_hash(config: PipelineConfig, stage: str) -> str:
+    sections = {name: getattr(config, name).model_dump(mode="json") for name in STAGE_SECTIONS[stage]}
+    return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def code_version(config: PipelineConfig, stage: str) -> str:
+    return f"v{STAGE_CODE_VERSIONS[stage]}-{section_hash(config, stage)}"
+
+
+def state_dir() -> Path:
+    """Git-ignored folder holding the Dagster home, the MLflow store and the default storage root."""
+    return Path(os.environ.get("KILN_STATE_DIR", REPO_ROOT / ".kiln")).resolve()
+
+
+def resolve_path(value: str) -> Path:
+    """Config paths are relative to the repository root."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
