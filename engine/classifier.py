@@ -2,7 +2,16 @@
 
 The recipe of GPT-3 / DCLM-style quality filters: positives are reference-quality text
 (curated prose, references of Wikipedia, ...), negatives are random web text; a bag of word
-n-grams classifier separates them and its probability is a signal, not a decision.
+(and word-bigram) features separates them, and its probability is a signal, not a decision.
+
+Why training looks unusual: fastText's DenseMatrix::uniform initialises only `thread` tenths of
+the input matrix (blocks of rows*dim/10 values, one per thread). With thread < 10 the rest is
+whatever the heap held: zeros in a fresh process, stale floats (even NaN) after earlier
+allocations. That makes thread=1 training irreproducible and is the "Encountered NaN." seen on
+small inputs. So we (1) add word bigrams as explicit tokens instead of fastText's hashed
+`wordNgrams` buckets, which leaves only dictionary words as input rows, and (2) initialise every
+one of those rows ourselves through `pretrainedVectors` (seeded uniform(-1/dim, 1/dim), fastText's
+own scheme). With thread=1 the result is then bit-for-bit reproducible.
 """
 from __future__ import annotations
 
@@ -10,14 +19,17 @@ import math
 import os
 import random
 import tempfile
+import threading
 from typing import Sequence
 
 import numpy as np
 
-from engine.langid import load_fasttext_model, normalize_for_fasttext
+from engine.langid import forget_model, load_fasttext_model, normalize_for_fasttext
 
 POSITIVE_LABEL = "__label__hq"
 NEGATIVE_LABEL = "__label__lq"
+EOS = "</s>"  # fastText's end-of-line token: also an input row
+BIGRAM_JOINER = "\u2581"  # "▁": joins the two words of a bigram token, rare in real text
 
 
 def prepare_text(text: str | None) -> str:
@@ -26,10 +38,36 @@ def prepare_text(text: str | None) -> str:
     return normalize_for_fasttext(text, lowercase=True)
 
 
-def _write_examples(path: str, examples: Sequence[tuple[str, str]]) -> None:
+def with_bigrams(line: str) -> str:
+    """The words of `line` followed by its word bigrams as single tokens."""
+    words = line.split()
+    if len(words) < 2:
+        return line
+    return line + " " + " ".join(a + BIGRAM_JOINER + b for a, b in zip(words, words[1:]))
+
+
+def _write_examples(path: str, examples: Sequence[tuple[str, str]]) -> set[str]:
+    vocabulary: set[str] = set()
     with open(path, "w", encoding="utf-8") as handle:
-        for label, text in examples:
-            handle.write(f"{label} {text}\n")
+        for label, line in examples:
+            handle.write(f"{label} {line}\n")
+            vocabulary.update(line.split())
+    return vocabulary
+
+
+def _write_initial_vectors(path: str, vocabulary: set[str], dim: int, seed: int) -> None:
+    """A .vec file covering every input row fastText will create: seeded uniform(-1/dim, 1/dim),
+    fastText's own initialisation. Coordinates are drawn from 4096 pre-formatted values, which
+    is plenty of entropy to break symmetry and keeps writing millions of floats fast."""
+    words = sorted(vocabulary | {EOS})
+    rng = np.random.default_rng(seed)
+    table = np.array([f"{v:.6g}" for v in rng.uniform(-1.0 / dim, 1.0 / dim, size=4096)])
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(f"{len(words)} {dim}\n")
+        for start in range(0, len(words), 8192):
+            chunk = words[start : start + 8192]
+            rows = table[rng.integers(0, table.size, size=(len(chunk), dim))].tolist()
+            handle.write("".join(word + " " + " ".join(row) + "\n" for word, row in zip(chunk, rows)))
 
 
 def _roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -51,10 +89,9 @@ def train_quality_classifier(
     seed: int = 0,
     epoch: int = 10,
     lr: float = 0.1,
-    word_ngrams: int = 2,
     dim: int = 64,
     min_count: int = 1,
-    bucket: int = 200_000,
+    bigrams: bool = True,
     thread: int = 1,
     holdout: float = 0.2,
     quantize: bool = False,
@@ -62,19 +99,21 @@ def train_quality_classifier(
     """Train a fastText hq/lq classifier, write it atomically to `out_path`, report held-out metrics.
 
     A `holdout` share of each class (shuffled with `seed`) is kept out of training and scored.
-    thread=1 makes training reproducible (fastText's Hogwild updates race with more threads);
-    never use more threads than cores (fastText fails with "Encountered NaN" on small inputs).
-    `bucket` sizes the hashed word-n-gram table (bucket x dim floats): fastText's default of
-    2M makes a 500 MB model at dim 64. quantize=True writes a much smaller .ftz-format model.
+    thread=1 makes training reproducible (more threads race on shared weights, Hogwild-style);
+    never use more threads than cores. quantize=True writes a much smaller .ftz-format model.
     """
     import fasttext
 
     if not 0 <= holdout < 1:
         raise ValueError(f"holdout must be in [0, 1), got {holdout}")
+    if thread < 1:
+        raise ValueError(f"thread must be >= 1, got {thread}")
     rng = random.Random(seed)
     splits: dict[str, list[tuple[str, str]]] = {"train": [], "test": []}
     for label, texts in ((POSITIVE_LABEL, positive_texts), (NEGATIVE_LABEL, negative_texts)):
         lines = [line for line in (prepare_text(t) for t in texts) if line]
+        if bigrams:
+            lines = [with_bigrams(line) for line in lines]
         rng.shuffle(lines)
         n_test = int(round(len(lines) * holdout))
         if len(lines) - n_test < 1:
@@ -87,15 +126,20 @@ def train_quality_classifier(
     os.makedirs(out_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kiln-clf-") as tmp:
         train_file = os.path.join(tmp, "train.txt")
-        _write_examples(train_file, splits["train"])
+        vectors_file = os.path.join(tmp, "init.vec")
+        vocabulary = _write_examples(train_file, splits["train"])
+        _write_initial_vectors(vectors_file, vocabulary, dim, seed)
         model = fasttext.train_supervised(
             input=train_file,
+            pretrainedVectors=vectors_file,
             epoch=epoch,
             lr=lr,
-            wordNgrams=word_ngrams,
             dim=dim,
             minCount=min_count,
-            bucket=bucket,
+            wordNgrams=1,  # bigrams are explicit tokens (see module docstring)
+            minn=0,
+            maxn=0,
+            bucket=0,
             thread=thread,
             seed=seed,
             loss="softmax",
@@ -112,6 +156,8 @@ def train_quality_classifier(
     finally:
         if os.path.exists(tmp_model):
             os.unlink(tmp_model)
+    forget_model(out_path)
+    _BIGRAM_MODELS.pop(os.path.abspath(out_path), None)
 
     report = {
         "path": out_path,
@@ -119,11 +165,11 @@ def train_quality_classifier(
         "n_test": len(splits["test"]),
         "n_train_positive": sum(label == POSITIVE_LABEL for label, _ in splits["train"]),
         "n_train_negative": sum(label == NEGATIVE_LABEL for label, _ in splits["train"]),
+        "vocabulary": len(model.words),
         "epoch": epoch,
         "lr": lr,
-        "word_ngrams": word_ngrams,
         "dim": dim,
-        "bucket": bucket,
+        "bigrams": bigrams,
         "seed": seed,
         "thread": thread,
         "quantized": quantize,
@@ -141,8 +187,7 @@ def train_quality_classifier(
         report["precision"] = true_positive / int(predicted.sum()) if predicted.sum() else float("nan")
         report["recall"] = true_positive / int(labels.sum()) if labels.sum() else float("nan")
         report["auc"] = _roc_auc(labels, scores)
-    report = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
-    return report
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in report.items()}
 
 
 def _positive_probability(model, lines: list[str]) -> np.ndarray:
@@ -160,6 +205,22 @@ def _positive_probability(model, lines: list[str]) -> np.ndarray:
     return np.clip(scores, 0.0, 1.0)
 
 
+_BIGRAM_MODELS: dict[str, bool] = {}
+_BIGRAM_LOCK = threading.Lock()
+
+
+def _uses_bigram_tokens(model, key: str | None) -> bool:
+    """Models trained here have bigram tokens in their dictionary; others (e.g. DCLM's
+    fastText classifier, which also predicts __label__hq) get plain text."""
+    if key is not None and key in _BIGRAM_MODELS:
+        return _BIGRAM_MODELS[key]
+    answer = any(BIGRAM_JOINER in word for word in model.words)
+    if key is not None:
+        with _BIGRAM_LOCK:
+            _BIGRAM_MODELS[key] = answer
+    return answer
+
+
 def load_classifier(path: str):
     """The model at `path`, loaded once per process."""
     return load_fasttext_model(path)
@@ -167,5 +228,12 @@ def load_classifier(path: str):
 
 def score(texts: Sequence[str | None], model_or_path) -> np.ndarray:
     """P(__label__hq) for each text; empty texts score 0."""
-    model = load_classifier(model_or_path) if isinstance(model_or_path, (str, os.PathLike)) else model_or_path
-    return _positive_probability(model, [prepare_text(t) for t in texts])
+    if isinstance(model_or_path, (str, os.PathLike)):
+        key = os.path.abspath(model_or_path)
+        model = load_classifier(str(model_or_path))
+    else:
+        key, model = None, model_or_path
+    lines = [prepare_text(t) for t in texts]
+    if _uses_bigram_tokens(model, key):
+        lines = [with_bigrams(line) for line in lines]
+    return _positive_probability(model, lines)

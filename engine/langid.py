@@ -103,6 +103,12 @@ def load_fasttext_model(path: str):
     return model
 
 
+def forget_model(path: str) -> None:
+    """Drop a cached model, e.g. after a new file was written to the same path."""
+    with _MODEL_LOCK:
+        _MODEL_CACHE.pop(os.path.abspath(path), None)
+
+
 class LanguageIdentifier:
     """Batched language ID: ISO 639 codes (as lid.176 spells them) and their probability."""
 

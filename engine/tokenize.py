@@ -215,7 +215,9 @@ def tokenize_documents(spark, docs_df, model_path: str, out_dir: str, *, num_sha
 
     Documents are hash-partitioned by doc_id and sorted by doc_id inside each shard, so the
     output bytes depend only on the set of documents. Every Spark task writes its own shard;
-    the driver collects one small row per document for `doc_index.parquet`.
+    the driver collects one small row per document for `doc_index.parquet`. `model_path` and
+    `out_dir` must be on a filesystem every executor sees, and workers must be able to import
+    `engine` (true when Spark is started from the repository root).
     Returns stats: documents and tokens per bucket, totals, dtype, vocab size and shards.
     """
     import pyarrow.compute as pc

@@ -1,0 +1,487 @@
+"""Deduplication benchmark: quality against brute-force Jaccard, speed against datasketch.
+
+    python tests/benchmarks/bench_dedup.py [--quick]
+
+Data: real text (Pride and Prejudice, tinyshakespeare, the Scrapinghub AEB article bodies)
+cut into ~300-word documents of a few paragraphs; larger sets add documents made of
+sentences sampled from the same text. Planted duplicates are edited copies: word
+insertions, deletions, substitutions, boilerplate lines added, paragraphs reordered,
+case/whitespace-only copies, and edits of edits (chains), with strengths spread so true
+Jaccard covers roughly 0.3-1.0.
+
+Quality (labelled set, every pair): true Jaccard of the shingle sets (engine.minhash
+definition, 32-bit shingle hashes) for all pairs via a sparse product. Predicted pairs are
+all pairs inside one duplicate cluster (what deduplication acts on):
+  precision_08    = predicted pairs with J >= 0.8 / predicted pairs
+  recall_08       = predicted pairs with J >= 0.8 / pairs with J >= 0.8
+  precision_05_08 = predicted pairs with J >= 0.5 / predicted pairs  (looser truth)
+  recall_05_08    = predicted pairs with 0.5 <= J < 0.8 / pairs with 0.5 <= J < 0.8
+Kiln (default config, plus Jaccard verification variants in the full run) is shown beside
+datasketch MinHashLSH with the same bands x rows on the same signatures, union-find.
+
+Speed: each side runs in its own process from a Parquet file of texts, timed from texts in
+memory to clusters; peak RSS is the process tree's (Spark: driver, JVM, Python workers)
+sampled from /proc. Kiln: Spark local[2] computing signatures (mapInPandas) then
+`deduplicate`, after a small warm-up run. Baseline: one process, MinHash.bulk (datasketch's
+default scheme, its fastest) on the same shingles, MinHashLSH insert + query, union-find.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+SHARED = Path(os.environ.get("KILN_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+from engine.minhash import compute_signatures, shingle_hashes, shingles  # noqa: E402
+
+DOC_WORDS = 300
+BOILERPLATE = [
+    "Share this article on Facebook Twitter LinkedIn and Email",
+    "Sign up for our newsletter to get the latest stories delivered to your inbox",
+    "Home News Sport Business Culture Opinion Travel Video Podcasts",
+    "Copyright 2024 All rights reserved Privacy Policy Terms of Use Cookie Settings",
+    "Advertisement Continue reading the main story below",
+    "Related articles you might also like from our editors",
+    "Accept cookies We use cookies to improve your experience on our site",
+    "Follow us on Instagram and YouTube for more updates every day",
+]
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_paragraphs() -> list[list[str]]:
+    """Paragraph streams, one per source, in reading order."""
+    pp = (SHARED / "prose" / "gutenberg_pride_prejudice" / "1342-0.txt").read_text(encoding="utf-8-sig")
+    pp = pp[pp.find("Chapter 1") : pp.find("End of the Project Gutenberg")]
+    shakespeare = (SHARED / "prose" / "tinyshakespeare" / "data_tinyshakespeare_input.txt").read_text()
+    aeb = json.loads((SHARED / "extraction" / "scrapinghub_aeb" / "ground-truth.json").read_text())
+    streams = [
+        [" ".join(p.split()) for p in pp.split("\n\n")],
+        [" ".join(p.split()) for p in shakespeare.split("\n\n")],
+        [" ".join(p.split()) for a in aeb.values() for p in a["articleBody"].split("\n")],
+    ]
+    return [[p for p in s if p] for s in streams]
+
+
+def window_docs(streams: list[list[str]]) -> list[str]:
+    """Consecutive, non-overlapping ~300-word documents of whole paragraphs (long ones split)."""
+    docs = []
+    for stream in streams:
+        current, count = [], 0
+        for para in stream:
+            words = para.split()
+            while words:
+                take = words[: DOC_WORDS - count]
+                words = words[len(take) :]
+                current.append(" ".join(take))
+                count += len(take)
+                if count >= DOC_WORDS:
+                    docs.append("\n".join(current))
+                    current, count = [], 0
+    return docs
+
+
+def sentence_docs(streams: list[list[str]], n: int, rng: random.Random) -> list[str]:
+    """Documents of sentences sampled from all sources, 3-5 paragraphs of ~300 words."""
+    sentences = [s for stream in streams for p in stream for s in re.split(r"(?<=[.!?])\s+", p) if len(s.split()) >= 4]
+    docs = []
+    for _ in range(n):
+        paras, words = [[]], 0
+        breaks = sorted(rng.sample(range(40, DOC_WORDS - 20), rng.randint(2, 4)))
+        while words < DOC_WORDS:
+            s = rng.choice(sentences)
+            paras[-1].append(s)
+            words += len(s.split())
+            if breaks and words >= breaks[0]:
+                breaks.pop(0)
+                paras.append([])
+        docs.append("\n".join(" ".join(p) for p in paras if p))
+    return docs
+
+
+def edit(text: str, rng: random.Random, vocab: list[str]) -> str:
+    """One to three random edits of random strength."""
+    paras = [p.split() for p in text.split("\n")]
+    for _ in range(rng.choice([1, 1, 2, 3])):
+        kind = rng.choice(["insert", "delete", "substitute", "boilerplate", "reorder"])
+        strength = rng.randint(1, 22)
+        if kind == "reorder" and len(paras) > 1:
+            rng.shuffle(paras)
+        elif kind == "boilerplate":
+            lines = [rng.choice(BOILERPLATE).split() for _ in range(max(1, strength // 3))]
+            paras = lines + paras if rng.random() < 0.5 else paras + lines
+        else:
+            for _ in range(strength):
+                para = rng.choice([p for p in paras if p] or [paras[0]])
+                pos = rng.randrange(len(para) + 1)
+                if kind == "insert":
+                    para[pos:pos] = rng.sample(vocab, rng.randint(1, 3))
+                elif kind == "delete" and para:
+                    del para[pos : pos + rng.randint(1, 4)]
+                elif para:
+                    para[min(pos, len(para) - 1)] = rng.choice(vocab)
+    return "\n".join(" ".join(p) for p in paras if p)
+
+
+def planted_set(bases: list[str], dup_fraction: float, rng: random.Random) -> list[str]:
+    """Bases plus edited copies; variants of variants make chains."""
+    vocab = sorted({w for b in bases[:200] for w in b.split()})
+    docs = list(bases)
+    for base in rng.sample(bases, int(len(bases) * dup_fraction)):
+        source = base
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            if rng.random() < 0.1:
+                variant = "  ".join(source.upper().split(" "))  # exact after normalisation
+            else:
+                variant = edit(source, rng, vocab)
+            docs.append(variant)
+            if rng.random() < 0.3:
+                source = variant
+    rng.shuffle(docs)
+    return docs
+
+
+def write_docs(texts: list[str], out_dir: Path, seed: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "doc_id": [f"{i:020x}" for i in range(len(texts))],
+            "text": texts,
+            "classifier_score": rng.random(len(texts)),
+        }
+    )
+    parts = 4  # several files so Spark reads with both cores
+    step = -(-len(texts) // parts)
+    for p in range(parts):
+        pq.write_table(table.slice(p * step, step), out_dir / f"part-{p:05d}.parquet")
+
+
+def read_docs(data_dir: Path):
+    import pyarrow.parquet as pq
+
+    return pq.read_table(data_dir).sort_by("doc_id")
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def _tree_rss_bytes(root: int) -> int:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    total, stack = 0, [root]
+    page = os.sysconf("SC_PAGE_SIZE")
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1]) * page
+        except OSError:
+            pass
+        stack.extend(children.get(pid, []))
+    return total
+
+
+def run_worker(args: list[str]) -> tuple[dict, float]:
+    """Run this script as a worker; return its JSON result and the tree's peak RSS (MiB)."""
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    peak = 0
+    done = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss_bytes(proc.pid))
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    done.set()
+    sampler.join()
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {args} failed:\n{err[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1]), peak / 2**20
+
+
+def kiln_worker(data_dir: Path, out_dir: Path, variants: list[str]) -> dict:
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    from engine.dedup import DedupConfig, deduplicate
+    from engine.minhash import signatures_to_bytes
+    from engine.spark import get_spark
+
+    spark = get_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
+    configs = {
+        "default": DedupConfig(),
+        "verify_signature": DedupConfig(verify_jaccard=True, verify_method="signature"),
+        "verify_shingles": DedupConfig(verify_jaccard=True, verify_method="shingles"),
+    }
+
+    def signatures(batches):
+        for pdf in batches:
+            sig = compute_signatures(list(pdf["text"]))
+            yield pd.DataFrame({"doc_id": pdf["doc_id"], "minhash": signatures_to_bytes(sig)})
+
+    def run(docs, cfg):
+        sigs = docs.select("doc_id", "text").mapInPandas(signatures, "doc_id string, minhash binary").localCheckpoint()
+        t_sig = time.perf_counter()
+        kept, dups, stats = deduplicate(spark, docs, sigs, cfg)
+        return dups, stats, t_sig
+
+    docs = spark.read.parquet(str(data_dir)).localCheckpoint()  # texts in memory, like the baseline
+    n_docs = docs.count()
+    run(docs.limit(200).localCheckpoint(), DedupConfig())  # warm-up: JIT, Python workers
+    result = {"docs": n_docs, "variants": {}}
+    for name in variants:
+        t0 = time.perf_counter()
+        dups, stats, t_sig = run(docs, configs[name])
+        t1 = time.perf_counter()
+        dups.write.mode("overwrite").parquet(str(out_dir / name))
+        result["variants"][name] = {"seconds": t1 - t0, "signature_seconds": t_sig - t0, "stats": stats}
+    return result
+
+
+def datasketch_worker(data_dir: Path) -> dict:
+    from datasketch import MinHash, MinHashLSH
+
+    table = read_docs(data_dir)
+    texts = table.column("text").to_pylist()
+    ids = table.column("doc_id").to_pylist()
+    t0 = time.perf_counter()
+    minhashes = MinHash.bulk((shingles(t) for t in texts), num_perm=112)
+    t_sig = time.perf_counter()
+    lsh = MinHashLSH(num_perm=112, params=(14, 8))
+    with lsh.insertion_session() as session:
+        for key, m in zip(ids, minhashes):
+            session.insert(key, m)
+    parent = {k: k for k in ids}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for key, m in zip(ids, minhashes):
+        for other in lsh.query(m):
+            ra, rb = find(key), find(other)
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
+    roots = {find(k) for k in ids}
+    t1 = time.perf_counter()
+    return {"docs": len(ids), "seconds": t1 - t0, "signature_seconds": t_sig - t0, "clusters_incl_singletons": len(roots)}
+
+
+# ----------------------------------------------------------------------------- quality
+
+
+def true_pair_jaccard(texts: list[str]):
+    """Upper-triangle pairs (i, j) with J > 0 and their Jaccard, from a sparse product."""
+    from scipy import sparse
+
+    hashes, offsets = shingle_hashes(texts)
+    doc = np.repeat(np.arange(len(texts)), np.diff(offsets))
+    codes = np.unique((doc.astype(np.int64) << 32) | hashes.astype(np.int64))  # sets, not lists
+    rows, cols = codes >> 32, codes & 0xFFFFFFFF
+    _, col = np.unique(cols, return_inverse=True)
+    x = sparse.csr_matrix((np.ones(len(codes), dtype=np.int32), (rows, col.ravel())), shape=(len(texts), col.max() + 1))
+    sizes = np.asarray(x.sum(axis=1)).ravel()
+    inter = sparse.triu(x @ x.T, k=1).tocoo()
+    jac = inter.data / (sizes[inter.row] + sizes[inter.col] - inter.data)
+    return inter.row.astype(np.int64), inter.col.astype(np.int64), jac
+
+
+def cluster_pairs(clusters: list[list[int]], n: int) -> np.ndarray:
+    codes = []
+    for members in clusters:
+        m = np.array(sorted(members), dtype=np.int64)
+        i, j = np.triu_indices(len(m), k=1)
+        codes.append(m[i] * n + m[j])
+    return np.unique(np.concatenate(codes)) if codes else np.empty(0, dtype=np.int64)
+
+
+def pair_metrics(pred: np.ndarray, rows, cols, jac, n: int) -> dict:
+    codes = rows * n + cols
+    hi = codes[jac >= 0.8]
+    mid = codes[(jac >= 0.5) & (jac < 0.8)]
+    hit_hi = np.isin(pred, hi).sum()
+    hit_mid = np.isin(pred, mid).sum()
+    return {
+        "predicted_pairs": int(len(pred)),
+        "pairs_08": int(len(hi)),
+        "pairs_05_08": int(len(mid)),
+        "precision_08": float(hit_hi / len(pred)) if len(pred) else 1.0,
+        "recall_08": float(hit_hi / len(hi)) if len(hi) else 1.0,
+        "precision_05_08": float((hit_hi + hit_mid) / len(pred)) if len(pred) else 1.0,
+        "recall_05_08": float(hit_mid / len(mid)) if len(mid) else 1.0,
+    }
+
+
+def kiln_clusters(dups_dir: Path, index: dict[str, int]) -> list[list[int]]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(dups_dir).to_pydict()
+    members: dict[str, set[int]] = {}
+    for doc_id, cluster, kept in zip(table["doc_id"], table["cluster_id"], table["kept_doc_id"]):
+        members.setdefault(cluster, {index[kept]}).add(index[doc_id])
+    return [sorted(m) for m in members.values()]
+
+
+def datasketch_reference_clusters(sig: np.ndarray, bands: int = 14, rows: int = 8) -> list[list[int]]:
+    import inspect
+
+    from datasketch import MinHash, MinHashLSH
+
+    legacy = {"scheme": "legacy"} if "scheme" in inspect.signature(MinHash.__init__).parameters else {}
+    lsh = MinHashLSH(num_perm=sig.shape[1], params=(bands, rows))
+    sketches = [MinHash(num_perm=sig.shape[1], hashvalues=row.astype(np.uint64), **legacy) for row in sig]
+    for i, m in enumerate(sketches):
+        lsh.insert(i, m)
+    parent = list(range(len(sig)))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for i, m in enumerate(sketches):
+        for j in lsh.query(m):
+            ri, rj = find(i), find(j)
+            if ri != rj:
+                parent[max(ri, rj)] = min(ri, rj)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(sig)):
+        groups.setdefault(find(i), []).append(i)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, about a minute")
+    parser.add_argument("--worker", choices=["kiln", "datasketch"], help=argparse.SUPPRESS)
+    parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--variants", default="default", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker == "kiln":
+        print(json.dumps(kiln_worker(args.data, args.out, args.variants.split(","))))
+        return
+    if args.worker == "datasketch":
+        print(json.dumps(datasketch_worker(args.data)))
+        return
+
+    rng = random.Random(20240601)
+    streams = load_paragraphs()
+    windows = window_docs(streams)
+    quality_bases = 500 if args.quick else 2400
+    sizes = [] if args.quick else [25_000, 50_000, 100_000]
+    variants = ["default"] if args.quick else ["default", "verify_signature", "verify_shingles"]
+
+    with tempfile.TemporaryDirectory(prefix="bench_dedup_") as tmp:
+        tmp = Path(tmp)
+        # --- quality on the labelled set
+        bases = rng.sample(windows, min(quality_bases, len(windows)))
+        bases += sentence_docs(streams, quality_bases - len(bases), rng)
+        texts = planted_set(bases, dup_fraction=0.4, rng=rng)
+        write_docs(texts, tmp / "quality", seed=1)
+        n = len(texts)
+        index = {f"{i:020x}": i for i in range(n)}
+
+        t0 = time.perf_counter()
+        sig = compute_signatures(texts)
+        sig_rate = n / (time.perf_counter() - t0)
+        rows, cols, jac = true_pair_jaccard(texts)
+        reference = pair_metrics(cluster_pairs(datasketch_reference_clusters(sig), n), rows, cols, jac, n)
+
+        kiln, kiln_rss = run_worker(["--worker", "kiln", "--data", str(tmp / "quality"), "--out", str(tmp / "dups"), "--variants", ",".join(variants)])
+        quality = {
+            name: pair_metrics(cluster_pairs(kiln_clusters(tmp / "dups" / name, index), n), rows, cols, jac, n)
+            for name in variants
+        }
+        print(f"quality set: {n} docs, {len(jac)} pairs with J > 0, single-core compute_signatures {sig_rate:,.0f} docs/s")
+        header = f"{'method':28s} {'pairs':>7s} {'P@0.8':>7s} {'R@0.8':>7s} {'P@0.5':>7s} {'R@.5-.8':>8s} {'seconds':>8s}"
+        print(header)
+        for name, m in [("datasketch MinHashLSH (ref)", reference)] + [(f"kiln {k}", v) for k, v in quality.items()]:
+            secs = kiln["variants"][name[5:]]["seconds"] if name.startswith("kiln") else float("nan")
+            print(
+                f"{name:28s} {m['predicted_pairs']:7d} {m['precision_08']:7.3f} {m['recall_08']:7.3f} "
+                f"{m['precision_05_08']:7.3f} {m['recall_05_08']:8.3f} {secs:8.1f}"
+            )
+        print(f"truth: {reference['pairs_08']} pairs J>=0.8, {reference['pairs_05_08']} pairs 0.5<=J<0.8")
+
+        # --- speed
+        speed = {}
+        if args.quick:
+            base_run, base_rss = run_worker(["--worker", "datasketch", "--data", str(tmp / "quality")])
+            speed[n] = (kiln["variants"]["default"], kiln_rss, base_run, base_rss)
+        for size in sizes:
+            pool = rng.sample(windows, len(windows)) + sentence_docs(streams, int(size / 1.2) - len(windows), rng)
+            docs = planted_set(pool, dup_fraction=0.1, rng=rng)[:size]
+            write_docs(docs, tmp / f"speed{size}", seed=size)
+            k_run, k_rss = run_worker(["--worker", "kiln", "--data", str(tmp / f"speed{size}"), "--out", str(tmp / f"sdups{size}")])
+            b_run, b_rss = run_worker(["--worker", "datasketch", "--data", str(tmp / f"speed{size}")])
+            speed[size] = (k_run["variants"]["default"], k_rss, b_run, b_rss)
+
+        print(f"{'docs':>8s} {'kiln s':>8s} {'(sigs)':>7s} {'docs/s':>8s} {'RSS MB':>7s} | {'datasketch s':>12s} {'(sigs)':>7s} {'docs/s':>8s} {'RSS MB':>7s}")
+        for size, (k, k_rss, b, b_rss) in speed.items():
+            print(
+                f"{size:8d} {k['seconds']:8.1f} {k['signature_seconds']:7.1f} {size / k['seconds']:8.0f} {k_rss:7.0f} | "
+                f"{b['seconds']:12.1f} {b['signature_seconds']:7.1f} {size / b['seconds']:8.0f} {b_rss:7.0f}"
+            )
+
+    largest = max(speed)
+    k, k_rss, b, b_rss = speed[largest]
+    default = quality["default"]
+    summary = {
+        "benchmark": "bench_dedup",
+        "precision_08": round(default["precision_08"], 4),
+        "recall_08": round(default["recall_08"], 4),
+        "precision_05_08": round(default["precision_05_08"], 4),
+        "recall_05_08": round(default["recall_05_08"], 4),
+        "docs_per_s": round(largest / k["seconds"], 1),
+        "baseline_docs_per_s": round(largest / b["seconds"], 1),
+        "ratio": round(b["seconds"] / k["seconds"], 3),
+        "peak_rss_mb": {f"kiln_{s}": round(v[1]) for s, v in speed.items()}
+        | {f"datasketch_{s}": round(v[3]) for s, v in speed.items()},
+        "docs": largest,
+        "quality_docs": n,
+        "reference_datasketch": {k2: round(reference[k2], 4) for k2 in ("precision_08", "recall_08", "precision_05_08", "recall_05_08")},
+        "single_core_signature_docs_per_s": round(sig_rate, 1),
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

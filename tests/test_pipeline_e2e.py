@@ -1,0 +1,139 @@
+"""End to end: `kiln demo` materializes the whole graph on a small generated crawl, twice.
+
+Runs in a subprocess with its own state folder and a smaller config, then checks real outcomes
+against the sample's ground-truth labels.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT
+
+pytestmark = pytest.mark.slow
+ASSETS = ["raw_crawl", "documents", "quality_classifier", "quality_signals", "filtered", "deduplicated",
+          "tokenizer", "tokenized", "mixed_shards", "checkpoints", "eval_report"]
+PARTITIONED = {"raw_crawl", "documents", "quality_signals", "filtered", "deduplicated", "tokenized"}
+
+
+def small_config() -> dict:
+    config = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    config["raw_crawl"]["snapshots"] = {"sample": {"kind": "sample", "seed": 0, "pages": 200, "files": 2}}
+    config["mix"]["total_tokens"] = 60_000
+    config["training"].update(steps=40, checkpoint_every=20, warmup_steps=5)
+    config["evaluation"]["max_sequences_per_bucket"] = 32
+    return config
+
+
+def data_versions(root: Path) -> dict[str, str]:
+    return {
+        asset: (root / asset / ("sample" if asset in PARTITIONED else "all") / "_LATEST").read_text().strip()
+        for asset in ASSETS
+    }
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    state = tmp_path_factory.mktemp("kiln-state")
+    config_path = state / "pipeline.yaml"
+    config_path.write_text(yaml.safe_dump(small_config()))
+    env = {**os.environ, "KILN_STATE_DIR": str(state), "KILN_CONFIG": str(config_path)}
+    env.pop("DAGSTER_HOME", None)
+    runs = []
+    for attempt in range(2):
+        result = subprocess.run([sys.executable, "-m", "workflows.cli", "demo"], cwd=REPO_ROOT, env=env,
+                                capture_output=True, text=True, timeout=1800)
+        (state / f"demo-{attempt}.log").write_text(result.stdout + result.stderr)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+        runs.append({"stdout": result.stdout, "versions": data_versions(state / "storage")})
+    return {"state": state, "root": state / "storage", "runs": runs}
+
+
+def latest(root: Path, asset: str) -> Path:
+    folder = root / asset / ("sample" if asset in PARTITIONED else "all")
+    path = folder / (folder / "_LATEST").read_text().strip()
+    assert (path / "_SUCCESS").exists()
+    return path
+
+
+def rows(path: Path, columns=None) -> list[dict]:
+    return ds.dataset(str(path), format="parquet").to_table(columns=columns).to_pylist()
+
+
+def test_every_asset_is_published_with_manifest(pipeline):
+    for asset in ASSETS:
+        manifest = json.loads((latest(pipeline["root"], asset) / "_MANIFEST.json").read_text())
+        assert manifest["asset"] == asset and manifest["code_version"].startswith("v")
+
+
+def test_filters_remove_spam_and_boilerplate_and_keep_good_prose(pipeline):
+    root = pipeline["root"]
+    labels = json.loads((latest(root, "raw_crawl") / "labels.json").read_text())
+    url_of = {r["doc_id"]: r["url"] for r in rows(latest(root, "documents") / "data", ["doc_id", "url"])}
+    kept = {r["doc_id"] for r in rows(latest(root, "filtered") / "kept", ["doc_id"])}
+    rejected = rows(latest(root, "filtered") / "rejected")
+    assert all(r["rule"] and r["threshold"] is not None for r in rejected)
+    by_kind: dict[str, list[bool]] = {}
+    for doc_id, url in url_of.items():
+        by_kind.setdefault(labels[url]["kind"], []).append(doc_id in kept)
+    assert by_kind["spam"] and not any(by_kind["spam"]), "spam pages must all be removed"
+    assert by_kind["boilerplate"] and not any(by_kind["boilerplate"]), "boilerplate pages must all be removed"
+    good_web = [doc_id in kept for doc_id, url in url_of.items()
+                if labels[url]["kind"] == "good" and labels[url]["bucket"] == "web"]
+    assert sum(good_web) / len(good_web) >= 0.95
+    languages = {labels[url_of[d]]["lang"] for d in kept}
+    assert len(languages) >= 4
+
+
+def test_planted_duplicates_are_gone(pipeline):
+    root = pipeline["root"]
+    labels = json.loads((latest(root, "raw_crawl") / "labels.json").read_text())
+    final = {r["url"] for r in rows(latest(root, "deduplicated") / "kept", ["url"])}
+    planted = [(url, label["dup_of"]) for url, label in labels.items() if label.get("dup_of")]
+    assert len(planted) >= 10
+    both_survived = [(url, original) for url, original in planted if url in final and original in final]
+    assert not both_survived
+    duplicates = rows(latest(root, "deduplicated") / "duplicates")
+    assert {d["reason"] for d in duplicates} == {"exact", "near"}
+
+
+def test_tokens_per_bucket_and_training_and_eval(pipeline):
+    root = pipeline["root"]
+    manifest = json.loads((latest(root, "mixed_shards") / "manifest.json").read_text())
+    assert set(manifest["buckets"]) == {"web", "reference"}
+    assert all(b["tokens_sampled"] > 0 for b in manifest["buckets"].values())
+
+    checkpoints = latest(root, "checkpoints")
+    result = json.loads((checkpoints / "result.json").read_text())
+    assert result["final_loss"] < result["first_loss"]
+    steps = [json.loads(line) for line in (checkpoints / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1]["loss"] < steps[0]["loss"]
+    tag = (checkpoints / "ckpt" / "latest").read_text().strip()
+    shards = sorted(p.name for p in (checkpoints / "ckpt" / tag).glob("*model_states.pt"))
+    assert shards == ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"]
+    assert (checkpoints / "export" / "model.safetensors").stat().st_size > 0
+
+    report = latest(root, "eval_report")
+    metrics = json.loads((report / "metrics.json").read_text())
+    assert set(metrics["trained"]) == {"web", "reference"}
+    for bucket, m in metrics["trained"].items():
+        assert math.isfinite(m["bits_per_byte"]) and math.isfinite(m["perplexity"])
+        assert m["bits_per_byte"] < metrics["initial"][bucket]["bits_per_byte"]
+    assert "bits_per_byte" in (report / "report.md").read_text()
+
+
+def test_summary_is_printed(pipeline):
+    out = pipeline["runs"][0]["stdout"]
+    for needle in ("top removal reasons", "duplicates removed", "tokens", "loss", "perplexity", "make ui"):
+        assert needle in out
+
+
+def test_second_materialization_gives_the_same_data_versions(pipeline):
+    first, second = (run["versions"] for run in pipeline["runs"])
+    assert first == second
