@@ -1,12 +1,15 @@
-"""raw_crawl: the WARC files of one crawl snapshot, with a manifest (sizes, sha256, records)."""
-import shutil
+"""raw_crawl: the WARC files of one crawl snapshot, with a manifest (sizes, sha256, records).
+
+Where the files come from (sample, local/S3 folder, Common Crawl, seed crawl) is the snapshot's
+source in `raw_crawl.snapshots` or the refresh template its name matches; engine/sources.py.
+"""
 import time
 
 import dagster as dg
 
-from engine.sample_crawl import generate_sample_crawl
+from engine.sources import SourceError, fetch_snapshot, source_for_snapshot
 from engine.warc_manifest import describe_warc_files
-from workflows.config import SampleSource, resolve_path
+from workflows.config import state_dir
 from workflows.kiln import KilnResource, markdown_table, stage, write_json
 
 
@@ -14,34 +17,27 @@ from workflows.kiln import KilnResource, markdown_table, stage, write_json
 def raw_crawl(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.MaterializeResult:
     started = time.time()
     snapshot = context.partition_key
-    source = kiln.config.raw_crawl.snapshots.get(snapshot)
-    if source is None:
-        raise dg.Failure(
-            f"Snapshot {snapshot!r} has no source in raw_crawl.snapshots; configured: {sorted(kiln.config.raw_crawl.snapshots)}"
-        )
+    try:
+        source = source_for_snapshot(kiln.config.raw_crawl, snapshot)
+    except SourceError as error:
+        raise dg.Failure(str(error)) from None
     with kiln.staging(context) as out:
-        warc_dir = out / "warc"
-        if isinstance(source, SampleSource):
-            summary = generate_sample_crawl(str(warc_dir), seed=source.seed, num_pages=source.pages, num_files=source.files)
-            # Ground-truth labels of the generated pages travel beside the WARCs, for tests and reports.
-            shutil.move(str(warc_dir / "labels.json"), out / "labels.json")
-        else:
-            folder = resolve_path(source.path)
-            files = sorted(folder.glob(source.pattern))
-            if not files:
-                raise dg.Failure(f"raw_crawl.snapshots.{snapshot}.path: no files match {source.pattern} in {folder}")
-            warc_dir.mkdir()
-            for path in files:
-                shutil.copyfile(path, warc_dir / path.name)
-            summary = {}
-        files = describe_warc_files(warc_dir)
+        try:
+            # Downloads are cached (and resumed) outside the staging folder, which a failure discards.
+            summary = fetch_snapshot(source, out, snapshot=snapshot, cache_dir=state_dir() / "cache" / "raw_crawl",
+                                     log=context.log.info)
+        except SourceError as error:
+            raise dg.Failure(f"raw_crawl[{snapshot}] ({source.kind} source): {error}") from None
+        files = describe_warc_files(out / "warc")
         write_json(out / "files.json", files)
     return kiln.publish(
         context,
         out,
         counts={"files": len(files), "bytes": sum(f["size"] for f in files), "records": sum(f["records"] for f in files)},
-        metadata={"files": dg.MetadataValue.md(markdown_table(files, ["name", "size", "records", "sha256"])), **{
-            f"sample_{k}": v for k, v in summary.items() if isinstance(v, (int, str))
-        }},
+        metadata={
+            "source": source.kind,
+            "files": dg.MetadataValue.md(markdown_table(files, ["name", "size", "records", "sha256"])),
+            **{f"{source.kind}_{k}": v for k, v in summary.items() if isinstance(v, (int, str))},
+        },
         started=started,
     )

@@ -95,12 +95,14 @@ def train_quality_classifier(
     thread: int = 1,
     holdout: float = 0.2,
     quantize: bool = False,
+    quantize_cutoff: int = 0,
 ) -> dict:
     """Train a fastText hq/lq classifier, write it atomically to `out_path`, report held-out metrics.
 
     A `holdout` share of each class (shuffled with `seed`) is kept out of training and scored.
     thread=1 makes training reproducible (more threads race on shared weights, Hogwild-style);
-    never use more threads than cores. quantize=True writes a much smaller .ftz-format model.
+    never use more threads than cores. quantize=True writes a much smaller .ftz-format model
+    (product-quantised; `quantize_cutoff` > 0 also keeps only that many most useful rows).
     """
     import fasttext
 
@@ -146,7 +148,7 @@ def train_quality_classifier(
             verbose=0,
         )
         if quantize:
-            model.quantize(input=train_file, retrain=False, thread=thread, verbose=0)
+            model.quantize(input=train_file, qnorm=True, cutoff=quantize_cutoff, retrain=False, thread=thread, verbose=0)
     fd, tmp_model = tempfile.mkstemp(prefix=".tmp-", suffix=".bin", dir=out_dir)
     os.close(fd)
     try:

@@ -11,6 +11,10 @@ does not depend on partitioning, partition order or the number of cores):
    small-star with plain DataFrame ops). In each component the best document survives,
    the rest are removed with reason `near`.
 
+Verification checks each star edge (member, bucket minimum), not every pair of a bucket:
+a member similar to another member but not to the minimum keeps its place only through
+another band. tests/benchmarks/bench_dedup.py measures what that costs.
+
 Keep rule: higher `keep_signal` first (lower when `keep_signal_descending=False`), missing
 or NaN signal last, then the smallest doc_id. doc_id must be unique.
 

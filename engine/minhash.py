@@ -4,7 +4,8 @@ Shingling (the definition every stage and the benchmark share):
   1. `normalise_for_shingles`: `str.lower()`, then every run of non-word characters
      (regex `\\W+`, Unicode-aware, so accented letters, digits, CJK and `_` are word
      characters) becomes one space, and the ends are stripped.
-  2. Words are the space-separated pieces. A shingle is the UTF-8 encoding of `ngram`
+  2. Words are the space-separated pieces. A shingle is the UTF-8 encoding (lone
+     surrogates passed through) of `ngram`
      consecutive words joined by one space. A document with fewer than `ngram` words has
      exactly one shingle, its whole normalised text (`b""` when it has no words).
 
@@ -66,8 +67,8 @@ def shingles(text: str, ngram: int = 5) -> list[bytes]:
     words = normalise_for_shingles(text).split(" ") if text else []
     words = [w for w in words if w]
     if len(words) < ngram:
-        return [" ".join(words).encode("utf-8")]
-    return [" ".join(words[i : i + ngram]).encode("utf-8") for i in range(len(words) - ngram + 1)]
+        return [" ".join(words).encode("utf-8", "surrogatepass")]
+    return [" ".join(words[i : i + ngram]).encode("utf-8", "surrogatepass") for i in range(len(words) - ngram + 1)]
 
 
 def _shingle_spans(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -77,7 +78,8 @@ def _shingle_spans(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray
     `doc_offsets[d]:doc_offsets[d+1]` in `starts`/`lengths`.
     """
     # "\n" never occurs in normalised text, so it marks document boundaries.
-    joined = "\n".join(normalise_for_shingles(t) for t in texts).encode("utf-8")
+    # surrogatepass: lone surrogates from lenient decoding hash instead of raising.
+    joined = "\n".join(normalise_for_shingles(t) for t in texts).encode("utf-8", "surrogatepass")
     buf = np.frombuffer(joined, dtype=np.uint8)
     is_word = (buf != 0x20) & (buf != 0x0A)
     prev_word = np.concatenate(([False], is_word[:-1]))

@@ -33,32 +33,36 @@ def get_spark(master: str = "local[2]", conf: dict[str, str] | None = None, app_
 
 
 def write_parquet_sorted(df: DataFrame, out_dir: str, sort_key: str, num_files: int = 1) -> int:
-    """Write `df` as `part-00000.parquet ...`, hash-partitioned and sorted by `sort_key`.
+    """Write `df` as `part-00000.parquet ...`: rows assigned to files by a hash of `sort_key`
+    and sorted by it inside each file.
 
-    Spark's own writer names files with random UUIDs; this writer's bytes depend only on
-    the rows, so reruns produce the same content hash. Returns the row count.
+    Spark's own writer names files with random UUIDs, and its task layout may change from run
+    to run (adaptive execution coalesces partitions). Here the file of a row and the order of
+    rows in it depend only on the rows, so reruns produce the same bytes and content hash.
+    Returns the row count.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
     os.makedirs(out_dir, exist_ok=True)
     arrow_schema = to_arrow_schema(df.schema)
+    file_col = "__kiln_file"
 
-    def write_partition(batches):
-        from pyspark import TaskContext
+    def write_files(batches):
+        table = pa.Table.from_batches(list(batches), schema=arrow_schema.append(pa.field(file_col, pa.int32())))
+        counts = []
+        for index in sorted(set(table.column(file_col).to_pylist())):
+            part = table.filter(pc.equal(table.column(file_col), index)).drop_columns([file_col])
+            part = part.sort_by(sort_key).combine_chunks()
+            pq.write_table(part, os.path.join(out_dir, f"part-{index:05d}.parquet"), compression="zstd")
+            counts.append(part.num_rows)
+        yield pa.RecordBatch.from_pydict({"rows": [sum(counts)]})
 
-        part = TaskContext.get().partitionId()
-        table = pa.Table.from_batches(list(batches), schema=arrow_schema)
-        rows = 0
-        if table.num_rows:
-            table = table.sort_by(sort_key)
-            pq.write_table(table, os.path.join(out_dir, f"part-{part:05d}.parquet"), compression="zstd")
-            rows = table.num_rows
-        yield pa.RecordBatch.from_pydict({"rows": [rows]})
-
-    shaped = df.repartition(num_files, sort_key) if num_files > 1 else df.coalesce(1)
-    counts = shaped.mapInArrow(write_partition, "rows long").collect()
+    keyed = df.withColumn(file_col, F.pmod(F.xxhash64(sort_key), F.lit(num_files)).cast("int"))
+    counts = keyed.repartition(num_files, file_col).mapInArrow(write_files, "rows long").collect()
     if not any(name.endswith(".parquet") for name in os.listdir(out_dir)):
         # An empty table still gets a file so readers see the schema.
         pq.write_table(arrow_schema.empty_table(), os.path.join(out_dir, "part-00000.parquet"))

@@ -9,8 +9,9 @@ import pytest
 
 from engine.classifier import load_classifier, score, train_quality_classifier
 
-# Small model: the default 200k-bucket table is ~50 MB, too much to write twice per test run.
-SMALL = dict(dim=16, bucket=20_000, epoch=10, thread=1)
+# Small and quick: a test run trains five models on 2 shared cores.
+SMALL = dict(dim=16, thread=1)
+CHARS = 3000  # of each page: plenty to tell articles from navigation
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +30,9 @@ def article_vs_boilerplate(shared_data):
         page = extract_plain_text(bytes_to_str(raw, detect_encoding(raw)), main_content=False)
         body_lines = {line.strip() for line in body.splitlines() if line.strip()}
         boilerplate = [line.strip() for line in page.splitlines() if line.strip() and line.strip() not in body_lines]
-        positives.append(body)
+        positives.append(body[:CHARS])
         if boilerplate:
-            negatives.append("\n".join(boilerplate))
+            negatives.append("\n".join(boilerplate)[:CHARS])
     return positives, negatives
 
 
@@ -55,10 +56,18 @@ def test_training_is_reproducible_with_one_thread(article_vs_boilerplate, tmp_pa
     assert first["accuracy"] == second["accuracy"]
 
 
-def test_score_is_probability_of_reference_quality(article_vs_boilerplate, tmp_path):
+@pytest.fixture(scope="module")
+def model_without_first_pages(article_vs_boilerplate, tmp_path_factory):
+    """Trained on all pages but the first 20 of each class, which stay unseen."""
     positives, negatives = article_vs_boilerplate
-    path = str(tmp_path / "q.bin")
+    path = str(tmp_path_factory.mktemp("clf") / "quality.bin")
     train_quality_classifier(positives[20:], negatives[20:], path, seed=0, holdout=0.0, **SMALL)
+    return path
+
+
+def test_score_is_probability_of_reference_quality(article_vs_boilerplate, model_without_first_pages):
+    positives, negatives = article_vs_boilerplate
+    path = model_without_first_pages
     unseen_positive = score(positives[:20], path)
     unseen_negative = score(negatives[:20], path)
     assert np.all((unseen_positive >= 0) & (unseen_positive <= 1))
@@ -67,7 +76,19 @@ def test_score_is_probability_of_reference_quality(article_vs_boilerplate, tmp_p
     assert load_classifier(path) is load_classifier(path)  # loaded once per process
 
 
-def test_classifier_score_signal(article_vs_boilerplate, tmp_path):
+def test_quantized_model_scores_alike(article_vs_boilerplate, model_without_first_pages, tmp_path):
+    positives, negatives = article_vs_boilerplate
+    path = str(tmp_path / "quality.ftz")
+    train_quality_classifier(
+        positives[20:], negatives[20:], path, seed=0, holdout=0.0, quantize=True, quantize_cutoff=5000, **SMALL
+    )
+    assert os.path.getsize(path) < os.path.getsize(model_without_first_pages)
+    unseen = positives[:20] + negatives[:20]
+    full, small = score(unseen, model_without_first_pages), score(unseen, path)
+    assert np.mean((full >= 0.5) == (small >= 0.5)) >= 0.9
+
+
+def test_classifier_score_signal(article_vs_boilerplate, model_without_first_pages):
     from engine.langid import ensure_lid_model
     from engine.signals import compute_signals_pandas
 
@@ -76,8 +97,7 @@ def test_classifier_score_signal(article_vs_boilerplate, tmp_path):
     except RuntimeError as exc:
         pytest.skip(f"lid.176.ftz unavailable: {exc}")
     positives, negatives = article_vs_boilerplate
-    path = str(tmp_path / "q.bin")
-    train_quality_classifier(positives[10:], negatives[10:], path, seed=0, holdout=0.0, **SMALL)
+    path = model_without_first_pages
     docs = pd.DataFrame({"doc_id": ["p", "n"], "text": [positives[0], negatives[0]]})
     out = compute_signals_pandas(docs, lid_model_path=lid, classifier_model_path=path, with_minhash=False)
     assert out["classifier_score"].tolist() == pytest.approx(score(docs["text"].tolist(), path).tolist())

@@ -151,11 +151,17 @@ def hand_made(spark):
     return _signals_df(spark, rows), _documents_df(spark, doc_ids, {"ok": PII_TEXT})
 
 
-def test_first_rule_value_and_threshold(hand_made):
+@pytest.fixture(scope="module")
+def default_outcome(hand_made):
     signals_df, documents_df = hand_made
     kept_df, rejected_df = apply_filters(signals_df, documents_df, FilterConfig())
-    rejected = {r["doc_id"]: r for r in rejected_df.collect()}
     kept = {r["doc_id"]: r for r in kept_df.collect()}
+    rejected = {r["doc_id"]: r for r in rejected_df.collect()}
+    return kept_df.columns, kept, rejected, rule_counts(rejected_df), rejected_df
+
+
+def test_first_rule_value_and_threshold(hand_made, default_outcome):
+    _, kept, rejected, counts, _ = default_outcome
     assert set(kept) == {"ok", "de_no_stop", "zh_chars", "curly_ja", "nan_score"}
     expected = {
         "short": ("min_words", 10, 50),
@@ -173,18 +179,15 @@ def test_first_rule_value_and_threshold(hand_made):
         assert row["url"] == f"http://{doc_id}.example/" and row["bucket"] == "web"
     assert rejected["dutch"]["rule"] == "language_not_allowed" and rejected["dutch"]["threshold"] is None
     assert rejected["no_signals"]["rule"] == "missing_signals"
-    assert len(kept) + len(rejected) == documents_df.count()
-    counts = rule_counts(rejected_df)
+    assert len(kept) + len(rejected) == hand_made[1].count()
     assert counts["min_words"] == 1 and sum(counts.values()) == len(rejected)
 
 
-def test_kept_text_is_redacted_and_carries_signals(hand_made):
-    signals_df, documents_df = hand_made
-    kept_df, _ = apply_filters(signals_df, documents_df, FilterConfig())
-    assert kept_df.columns == [*documents_df.columns, "language", "language_score", "classifier_score"]
-    text = kept_df.where("doc_id = 'ok'").first()["text"]
-    assert text == "Write to <EMAIL> or call <PHONE> from <IP>, card <CARD>."
-    assert kept_df.where("doc_id = 'de_no_stop'").first()["text"] == "text of de_no_stop"
+def test_kept_text_is_redacted_and_carries_signals(hand_made, default_outcome):
+    columns, kept, _, _, _ = default_outcome
+    assert columns == [*hand_made[1].columns, "language", "language_score", "classifier_score"]
+    assert kept["ok"]["text"] == "Write to <EMAIL> or call <PHONE> from <IP>, card <CARD>."
+    assert kept["de_no_stop"]["text"] == "text of de_no_stop"
 
 
 def test_rules_can_be_relaxed_and_languages_changed(hand_made):
@@ -220,11 +223,9 @@ def test_keep_rate_check():
     assert not check_keep_rate(0, 0, cfg)["passed"]
 
 
-def test_signal_report_markdown(hand_made):
-    signals_df, documents_df = hand_made
-    cfg = FilterConfig()
-    _, rejected_df = apply_filters(signals_df, documents_df, cfg)
-    report = signal_report_markdown(signals_df, cfg, rejected_df, bins=8)
+def test_signal_report_markdown(hand_made, default_outcome):
+    signals_df = hand_made[0]
+    report = signal_report_markdown(signals_df, FilterConfig(), default_outcome[4], bins=8)
     assert report.startswith(f"Documents: {signals_df.count()}")
     row = next(line for line in report.splitlines() if line.startswith("| min_words |"))
     assert "< 50" in row and "3 (" in row  # short, two_rules, blocked have 10 words

@@ -32,6 +32,7 @@ EDGE_CASES = [
     "averyveryveryverylongwordthatgoesonandonforeverandeverandkeepsgoing " * 3 + "tail words a b c",
     "x" * 300 + " then several ordinary words after it",
     "line one\nline two\ttabbed\r\nwindows line with\u00a0nbsp and more words",
+    "a lone surrogate \ud800 from lenient decoding does not raise here",
 ]
 
 

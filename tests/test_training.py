@@ -21,7 +21,8 @@ from training.launch import _redactor, build_command, child_environment
 from training.model import (
     Attention, ModelConfig, apply_rope, build_model, rope_cos_sin, weights_fingerprint,
 )
-from training.train import SkipGuard, prune_checkpoints
+from training.checkpointing import prune as prune_checkpoints
+from training.train import SkipGuard
 
 TINY = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=32)
 

@@ -38,7 +38,12 @@ DEFAULTS: dict = {
     "max_consecutive_skips": 5,
     "log_every": 10,  # progress line on stdout every N steps (metrics.jsonl gets every step)
     "export": True,
-    "mlflow": {"tracking_uri": None, "experiment": "kiln-train", "run_name": None, "tags": {}},
+    # system_metrics: MLflow samples CPU/memory/disk/network (and GPU with pynvml) in a thread.
+    "mlflow": {"tracking_uri": None, "experiment": "kiln-train", "run_name": None, "tags": {},
+               "system_metrics": True, "system_metrics_interval_s": 10.0},
+    # Data versions of the inputs when the caller knows them (Dagster does); `mixed_shards` becomes
+    # the digest of the MLflow dataset input, else a hash of its manifest is used.
+    "data_versions": {},
     # Merged over the config built from the keys above; see build_deepspeed_config.
     "deepspeed": {},
     # Test hook: multiply rank 0's loss by NaN at these steps to exercise the skip guard.
@@ -78,6 +83,10 @@ def resolve_run_config(config: dict | str | Path) -> dict:
         raise ValueError(f"min_lr_ratio must be in [0, 1], got {cfg['min_lr_ratio']}")
     if cfg["warmup_steps"] < 0:
         raise ValueError("warmup_steps must be >= 0")
+    if not cfg["mlflow"]["system_metrics_interval_s"] > 0:
+        raise ValueError("mlflow.system_metrics_interval_s must be > 0")
+    if not isinstance(cfg["data_versions"], dict):
+        raise ValueError("data_versions must map input names to data versions")
     return cfg
 
 

@@ -1,11 +1,17 @@
-"""Start a training run as an external `deepspeed` launcher process and wait for its result."""
+"""Start a training run as an external `deepspeed` launcher process and wait for its result.
+
+    python -m training.launch run.json                 # run it (resumes if out_dir has checkpoints)
+    python -m training.launch --dry-run run.json       # print the exact launcher command, run nothing
+"""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -45,6 +51,42 @@ def _launcher() -> list[str]:
     return [sys.executable, "-m", "deepspeed.launcher.runner"]
 
 
+def read_hostfile(path: str | Path) -> dict[str, int]:
+    """{host: slots} from a DeepSpeed hostfile (`<host> slots=<n>` per line, # comments)."""
+    path = Path(path)
+    if not path.is_file():
+        # DeepSpeed's runner would warn and silently train on this machine alone; Kiln refuses.
+        raise FileNotFoundError(f"hostfile {path} does not exist")
+    hosts: dict[str, int] = {}
+    for number, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"(\S+)\s+slots=(\d+)", line)
+        if not match or match.group(1) in hosts:
+            raise ValueError(f"{path}:{number}: expected '<host> slots=<n>' once per host, got {raw!r}")
+        hosts[match.group(1)] = int(match.group(2))
+    if not hosts:
+        raise ValueError(f"hostfile {path} lists no hosts")
+    return hosts
+
+
+def placement(num_gpus: int, num_nodes: int, hostfile: str | Path | None) -> dict[str, int]:
+    """{host: ranks} the launcher will start: the first num_nodes hosts, num_gpus ranks on each."""
+    if hostfile is None:
+        if num_nodes != 1:
+            raise ValueError(f"num_nodes={num_nodes} needs a hostfile naming the nodes")
+        return {"localhost": num_gpus}
+    hosts = read_hostfile(hostfile)
+    if len(hosts) < num_nodes:
+        raise ValueError(f"num_nodes={num_nodes} but {hostfile} lists {len(hosts)} hosts")
+    chosen = dict(list(hosts.items())[:num_nodes])
+    short = [f"{host} (slots={slots})" for host, slots in chosen.items() if slots < num_gpus]
+    if short:
+        raise ValueError(f"num_gpus={num_gpus} ranks per node, but {', '.join(short)} has fewer slots")
+    return {host: num_gpus for host in chosen}
+
+
 def build_command(config_path: str | Path, num_gpus: int = 2, num_nodes: int = 1,
                   hostfile: str | Path | None = None, master_port: int | None = None) -> list[str]:
     """The `deepspeed ... training/train.py --config run.json` command line.
@@ -70,6 +112,13 @@ def child_environment(use_cpu: bool) -> dict[str, str]:
     return env
 
 
+def shell_line(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
+    """The command as one copy-pasteable shell line, with the variables Kiln sets for it."""
+    kiln_set = {k: env[k] for k in ("DS_ACCELERATOR", "PYTHONPATH", "PYTHONUNBUFFERED") if k in env}
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in kiln_set.items())
+    return f"cd {shlex.quote(str(cwd))} && {assignments} {shlex.join(cmd)}"
+
+
 def _redactor(env: dict[str, str]) -> Callable[[str], str]:
     # DeepSpeed's multi-node runner echoes `export MLFLOW_...=value` lines; never pass secrets on.
     secrets = sorted((v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 4), key=len, reverse=True)
@@ -84,11 +133,14 @@ def _redactor(env: dict[str, str]) -> Callable[[str], str]:
 
 def run(config: dict, out_dir: str | Path, log: Callable[[str], None] = print, *,
         num_gpus: int | None = None, num_nodes: int = 1, hostfile: str | Path | None = None,
-        tail_lines: int = 60) -> dict:
+        dry_run: bool = False, extra_env: dict[str, str] | None = None, tail_lines: int = 60) -> dict:
     """Write out_dir/run.json, run the launcher, stream its output to `log`, return result.json.
 
-    num_gpus defaults to the visible CUDA devices, or 2 CPU ranks without CUDA. Raises
-    TrainingFailed with the last `tail_lines` lines of output when the launcher fails.
+    num_gpus defaults to the visible CUDA devices, or 2 CPU ranks without CUDA. dry_run writes
+    run.json, logs the exact command and returns {"dry_run": True, "command", "shell", "placement"}
+    without starting anything. extra_env is added to the child's environment (Dagster Pipes puts
+    its bootstrap variables there). Raises TrainingFailed with the last `tail_lines` lines of
+    output when the launcher fails.
     """
     import torch
 
@@ -102,8 +154,20 @@ def run(config: dict, out_dir: str | Path, log: Callable[[str], None] = print, *
     use_cpu = not torch.cuda.is_available()
     if num_gpus is None:
         num_gpus = 2 if use_cpu else torch.cuda.device_count()
+    ranks = placement(num_gpus, num_nodes, hostfile)
     cmd = build_command(config_path, num_gpus=num_gpus, num_nodes=num_nodes, hostfile=hostfile)
-    env = child_environment(use_cpu)
+    env = {**child_environment(use_cpu), **(extra_env or {})}
+    if dry_run:
+        line = shell_line(cmd, out_dir, env)
+        log(f"[kiln] dry run: {sum(ranks.values())} ranks on {', '.join(f'{h}:{n}' for h, n in ranks.items())}")
+        log(line)
+        return {"dry_run": True, "command": cmd, "shell": line, "placement": ranks}
+
+    # Multi-node: DeepSpeed's pdsh runner forwards only some variables to the other nodes, plus
+    # those in `.deepspeed_env` of its working folder; the Pipes bootstrap must reach rank 0.
+    env_file = out_dir / ".deepspeed_env"
+    if hostfile is not None and extra_env:
+        env_file.write_text("".join(f"{k}={v}\n" for k, v in extra_env.items()))
     redact = _redactor(env)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     # Own process group, so an interrupted run() can stop the launcher and its ranks together.
@@ -119,9 +183,37 @@ def run(config: dict, out_dir: str | Path, log: Callable[[str], None] = print, *
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
+        env_file.unlink(missing_ok=True)
     if returncode != 0:
         raise TrainingFailed(f"training exited with status {returncode}; last output:\n" + "\n".join(tail))
     result_path = out_dir / "result.json"
     if not result_path.exists():
         raise TrainingFailed(f"training exited 0 but wrote no {result_path}; last output:\n" + "\n".join(tail))
     return json.loads(result_path.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Launch (or show) a Kiln DeepSpeed ZeRO-3 run")
+    parser.add_argument("config", help="run.json; its out_dir is where the run works")
+    parser.add_argument("--dry-run", action="store_true", help="print the launcher command, run nothing")
+    parser.add_argument("--num-gpus", type=int, default=None,
+                        help="ranks per node (default: visible GPUs, or 2 CPU ranks)")
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for multi-node runs")
+    args = parser.parse_args(argv)
+    config = json.loads(Path(args.config).read_text())
+    if not config.get("out_dir"):
+        parser.error(f"{args.config} has no out_dir")
+    try:
+        result = run(config, config["out_dir"], num_gpus=args.num_gpus, num_nodes=args.num_nodes,
+                     hostfile=args.hostfile, dry_run=args.dry_run)
+    except TrainingFailed as failure:
+        print(failure, file=sys.stderr)
+        return 1
+    if not args.dry_run:
+        print(json.dumps({k: result[k] for k in ("steps", "tokens", "final_loss", "wall_s", "export_dir")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,7 +5,7 @@
 
 Writes into out_dir: ds_config.json, resolved_config.json, model_config.json, metrics.jsonl
 (rank 0, one line per step), ckpt/global_step<N>/ (every rank), export/ and result.json.
-Restarting with the same out_dir resumes from ckpt/latest.
+Restarting with the same out_dir resumes from the newest committed checkpoint (checkpointing.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import json
 import math
 import os
 import random
-import re
 import shutil
 import socket
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,11 +28,14 @@ if __package__ in (None, ""):  # run as a script by the launcher: make `training
 import numpy as np
 import torch
 
+from training import checkpointing
 from training.config import build_deepspeed_config, lr_ratio, resolve_model_config, resolve_run_config
-from training.data import TrainBatches
+from training.data import TrainBatches, load_manifest
+from training.hardware import memory_metrics, mfu
 from training.model import build_model, weights_fingerprint
+from training.reporting import Rank0Reporter
 
-_STEP_DIR = re.compile(r"^global_step(\d+)$")
+DEBUG_HOLD_ENV = "KILN_DEBUG_HOLD"
 
 
 class SkipGuard:
@@ -81,103 +84,28 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def checkpoint_steps(ckpt_dir: Path) -> list[int]:
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
-
-
-def prune_checkpoints(ckpt_dir: Path, keep_last: int) -> list[int]:
-    """Delete all but the newest keep_last step folders (never the one `latest` names)."""
-    latest_file = ckpt_dir / "latest"
-    latest = latest_file.read_text().strip() if latest_file.exists() else None
-    removed = []
-    for step in checkpoint_steps(ckpt_dir)[:-keep_last]:
-        if f"global_step{step}" != latest:
-            shutil.rmtree(ckpt_dir / f"global_step{step}")
-            removed.append(step)
-    return removed
-
-
-def _flatten(prefix: str, value, out: dict) -> dict:
-    if isinstance(value, dict):
-        for key, inner in value.items():
-            _flatten(f"{prefix}.{key}" if prefix else str(key), inner, out)
-    else:
-        out[prefix] = value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value)
-    return out
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-class Rank0Reporter:
-    """metrics.jsonl and MLflow, written by rank 0 only (MLflow's sqlite store takes one writer)."""
-
-    def __init__(self, cfg: dict, out_dir: Path, resume_step: int, run_id: str | None):
-        self.metrics_path = out_dir / "metrics.jsonl"
-        self.log_every = cfg["log_every"]
-        self.total_steps = cfg["train_steps"]
-        self._truncate_after(resume_step)
-        self.mlflow = None
-        self.run_id = None
-        ml = cfg["mlflow"]
-        if ml.get("tracking_uri"):
-            import mlflow
-
-            mlflow.set_tracking_uri(ml["tracking_uri"])
-            mlflow.set_experiment(ml["experiment"])
-            # Resume continues the same MLflow run; steps redone after the checkpoint are logged again.
-            run = mlflow.start_run(run_id=run_id) if run_id else mlflow.start_run(run_name=ml.get("run_name"))
-            self.mlflow = mlflow
-            self.run_id = run.info.run_id
-
-    def _truncate_after(self, step: int) -> None:
-        """Drop lines from steps the resumed run will redo (they ran after the last checkpoint)."""
-        if not self.metrics_path.exists():
-            return
-        kept = [line for line in self.metrics_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= step]
-        self.metrics_path.write_text("".join(line + "\n" for line in kept))
-
-    def start(self, params: dict, tags: dict, fresh: bool) -> None:
-        if not self.mlflow:
-            return
-        self.mlflow.set_tags({k: str(v) for k, v in tags.items()})
-        if fresh:  # MLflow refuses to re-log a param, and a resumed run already has them
-            flat = _flatten("", params, {})
-            self.mlflow.log_params({k: ("" if v is None else v) for k, v in flat.items()})
-
-    def step(self, record: dict) -> None:
-        # Strict JSON: a non-finite loss/grad_norm is written as null (the line says skipped).
-        strict = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(strict, allow_nan=False) + "\n")
-        if record["step"] % self.log_every == 0 or record["skipped"]:
-            print(f"[kiln] step {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
-                  f"lr {record['lr']:.3g} grad_norm {record['grad_norm']:.3g} "
-                  f"tokens/s {record['tokens_per_s']:.0f}" + (" SKIPPED" if record["skipped"] else ""),
-                  flush=True)
-        if self.mlflow:
-            numeric = {k: float(v) for k, v in record.items()
-                       if k != "step" and isinstance(v, (int, float)) and math.isfinite(float(v))}
-            self.mlflow.log_metrics(numeric, step=record["step"])
-
-    def first_loss(self) -> float | None:
-        if not self.metrics_path.exists():
-            return None
-        for line in self.metrics_path.read_text().splitlines():
-            record = json.loads(line)
-            if not record["skipped"]:
-                return record["loss"]
+def _debug_hold_point() -> tuple[str, int] | None:
+    """Test hook: KILN_DEBUG_HOLD=step:K (rank 0 stops mid-step K) or commit:K (stops after step
+    K's shards are written, before they are committed); a test then kills the process group."""
+    value = os.environ.get(DEBUG_HOLD_ENV)
+    if not value:
         return None
+    where, _, step = value.partition(":")
+    if where not in ("step", "commit") or not step.isdigit():
+        raise ValueError(f"{DEBUG_HOLD_ENV}={value!r}: expected step:<N> or commit:<N>")
+    return where, int(step)
 
-    def finish(self, status: str = "FINISHED") -> None:
-        if self.mlflow:
-            self.mlflow.end_run(status=status)
+
+def _hold_forever(where: str, step: int) -> None:
+    print(f"[kiln] debug hold: {where} at step {step}", flush=True)
+    while True:
+        time.sleep(60)
 
 
 def _ensure_single_rank_env() -> None:
@@ -192,12 +120,14 @@ def train(config: dict | str | Path) -> dict | None:
     """Run (or resume) training in this rank; rank 0 returns result.json's contents."""
     cfg = resolve_run_config(config)
     _ensure_single_rank_env()
+    hold = _debug_hold_point()
     local_world = int(os.environ.get("LOCAL_SIZE", "1"))
     if not torch.cuda.is_available() and "OMP_NUM_THREADS" not in os.environ:
         # Ranks share the cores; torch's default (all cores per rank) oversubscribes them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
     import deepspeed
+    import torch.distributed as torch_dist
     from deepspeed import comm as dist
     from deepspeed.accelerator import get_accelerator
 
@@ -205,14 +135,16 @@ def train(config: dict | str | Path) -> dict | None:
     deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
-    if accelerator.device_name() != "cpu":
+    on_gpu = accelerator.device_name() != "cpu"
+    if on_gpu:
         accelerator.set_device(local_rank)
     device = torch.device(accelerator.current_device_name())
+    gpu_name = torch.cuda.get_device_name(device) if on_gpu and torch.cuda.is_available() else None
 
     out_dir = Path(cfg["out_dir"]).resolve()
     ckpt_dir = out_dir / "ckpt"
     model_cfg = resolve_model_config(cfg)
-    use_bf16 = accelerator.device_name() != "cpu" and accelerator.is_bf16_supported()
+    use_bf16 = on_gpu and accelerator.is_bf16_supported()
     ds_config = build_deepspeed_config(cfg, bf16=use_bf16)
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -245,12 +177,16 @@ def train(config: dict | str | Path) -> dict | None:
 
     step, tokens_seen, prior_wall_s, run_id = 0, 0, 0.0, None
     guard = SkipGuard(cfg["max_consecutive_skips"])
-    fresh = not (ckpt_dir / "latest").exists()
-    if not fresh:
+    # Every rank decides from the same files; only a committed, complete checkpoint is trusted.
+    resume_tag, notes = checkpointing.resume_point(ckpt_dir, world_size)
+    if rank == 0:
+        for note in notes:
+            print(f"[kiln] passing over a checkpoint: {note}", flush=True)
+    if resume_tag is not None:
         # A fresh engine is what load_checkpoint needs after ZeRO-3 (FIELD-NOTES); this is one.
-        load_path, client_state = engine.load_checkpoint(str(ckpt_dir))
+        load_path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=resume_tag)
         if load_path is None:
-            raise RuntimeError(f"{ckpt_dir}/latest exists but no checkpoint could be loaded")
+            raise RuntimeError(f"{ckpt_dir / resume_tag} is committed but DeepSpeed could not load it")
         client = client_state["kiln"]
         if client["model_config"] != model_cfg.to_dict():
             raise ValueError(f"checkpoint in {ckpt_dir} was trained with model {client['model_config']}, "
@@ -262,17 +198,27 @@ def train(config: dict | str | Path) -> dict | None:
         set_rng_state(client["rng"])
         if rank == 0:
             print(f"[kiln] resumed from {load_path} at step {step}", flush=True)
+    elif rank == 0 and notes:
+        print("[kiln] no complete checkpoint: starting from step 0", flush=True)
 
     reporter = Rank0Reporter(cfg, out_dir, step, run_id) if rank == 0 else None
     if reporter:
+        manifest = load_manifest(cfg["mixed_shards_dir"])
         reporter.start(
-            params={"model": model_cfg.to_dict(), "num_params": num_params, "world_size": world_size,
-                    "tokens_per_step": tokens_per_step, "seq_len": data.seq_len,
-                    "optim": {k: cfg[k] for k in ("lr", "warmup_steps", "min_lr_ratio", "weight_decay",
-                                                   "betas", "adam_eps", "grad_clip", "train_steps",
-                                                   "micro_batch_size", "grad_accum_steps")},
-                    "data": {"mixed_shards_dir": cfg["mixed_shards_dir"], "seed": cfg["seed"]},
-                    "zero_stage": 3, "bf16": use_bf16},
+            params={
+                "model": model_cfg.to_dict(), "num_params": num_params,
+                "optim": {k: cfg[k] for k in ("lr", "warmup_steps", "min_lr_ratio", "weight_decay", "betas",
+                                              "adam_eps", "grad_clip", "train_steps", "max_consecutive_skips")},
+                "batch": {"micro_batch_size": cfg["micro_batch_size"], "grad_accum_steps": gas,
+                          "tokens_per_step": tokens_per_step},
+                "data": {"mixed_shards_dir": cfg["mixed_shards_dir"], "tokenizer_dir": cfg["tokenizer_dir"],
+                         "seed": cfg["seed"], "seq_len": data.seq_len, "vocab_size": manifest["vocab_size"],
+                         "dtype": manifest["dtype"], "train_sequences": manifest["train"]["num_sequences"],
+                         "versions": cfg["data_versions"]},
+                "checkpoint": {"every": cfg["checkpoint_every"], "keep_last": cfg["keep_last"]},
+                "world_size": world_size, "zero_stage": 3, "bf16": use_bf16, "device": gpu_name or "cpu",
+                "deepspeed": ds_config,
+            },
             tags={**cfg["mlflow"].get("tags", {}), "kiln.out_dir": str(out_dir),
                   "kiln.init_fingerprint": init_fingerprint},
             fresh=run_id is None,
@@ -280,6 +226,11 @@ def train(config: dict | str | Path) -> dict | None:
         run_id = reporter.run_id
 
     def save(at_step: int) -> None:
+        tag = checkpointing.tag_for(at_step)
+        if rank == 0 and (ckpt_dir / tag).exists():
+            # Left by a killed run (at most committed without `latest`): rewrite it from scratch.
+            shutil.rmtree(ckpt_dir / tag)
+        dist.barrier()
         # One namespaced key: DeepSpeed drops client keys that collide with its own (e.g. skipped_steps).
         client_state = {"kiln": {
             "step": at_step, "tokens_seen": tokens_seen, "data_cursor": data.state_dict(),
@@ -287,14 +238,20 @@ def train(config: dict | str | Path) -> dict | None:
             "wall_s": prior_wall_s + (time.time() - start_time), "skipped_steps": guard.total,
             "consecutive_skips": guard.consecutive, "init_fingerprint": init_fingerprint,
         }}
-        engine.save_checkpoint(str(ckpt_dir), tag=f"global_step{at_step}", client_state=client_state)
-        dist.barrier()  # every rank's shards are on disk before anything is deleted
+        # save_latest=False: DeepSpeed would write `latest` before the other ranks finish (checkpointing.py).
+        engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
+        files: list[dict] = [{} for _ in range(world_size)]
+        torch_dist.all_gather_object(files, checkpointing.rank_files(ckpt_dir / tag, rank))
+        if hold == ("commit", at_step) and rank == 0:
+            _hold_forever("commit", at_step)
         if rank == 0:
-            prune_checkpoints(ckpt_dir, cfg["keep_last"])
+            checkpointing.commit(ckpt_dir, at_step, world_size, {k: v for f in files for k, v in f.items()})
+            checkpointing.prune(ckpt_dir, cfg["keep_last"])
+        dist.barrier()
 
     nan_steps = set(cfg["debug_nan_loss_steps"])
     start_time = time.time()
-    last_saved = step if not fresh else None
+    last_saved = step if resume_tag is not None else None
     final_loss = None
     engine.train()
     try:
@@ -314,6 +271,8 @@ def train(config: dict | str | Path) -> dict | None:
                     # global-norm check discards the step on every rank consistently.
                     loss = loss * float("nan")
                 engine.backward(loss)
+                if hold == ("step", step) and rank == 0:
+                    _hold_forever("step", step)  # the other ranks wait in a collective
                 engine.step()
                 loss_sum += loss.detach().float()
             dist.all_reduce(loss_sum)
@@ -327,58 +286,75 @@ def train(config: dict | str | Path) -> dict | None:
             if not skipped:
                 final_loss = step_loss
             if reporter:
-                reporter.step({
+                flops_per_s = flops_per_token * tokens_per_step / step_s
+                record = {
                     "step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
                     "tokens": tokens_seen, "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
-                    "flops_per_s": flops_per_token * tokens_per_step / step_s, "skipped": skipped,
-                })
+                    "flops_per_s": flops_per_s, "skipped": skipped, "skipped_steps": guard.total + skipped,
+                    **memory_metrics(on_gpu),
+                }
+                utilisation = mfu(flops_per_s, world_size, gpu_name, use_bf16)
+                if utilisation is not None:
+                    record["mfu"] = utilisation
+                reporter.step(record)
             guard.record(skipped, step, step_loss, grad_norm)
             if step % cfg["checkpoint_every"] == 0:
                 save(step)
                 last_saved = step
         if last_saved != step:
             save(step)
-    except BaseException:
+
+        if rank != 0:
+            return None
+        wall_s = prior_wall_s + (time.time() - start_time)
+        export_dir = None
+        if cfg["export"]:
+            from training.export import export_checkpoint
+
+            export_dir = out_dir / "export"
+            export_checkpoint(ckpt_dir, export_dir, model_cfg, tag=checkpointing.tag_for(step),
+                              tokenizer_dir=cfg.get("tokenizer_dir"),
+                              metadata={"step": str(step), "seed": str(cfg["seed"]),
+                                        "init_fingerprint": init_fingerprint})
+        if final_loss is None:  # resumed at or past train_steps: take it from the log
+            final_loss = reporter.last_loss()
+        records = [json.loads(line) for line in reporter.metrics_path.read_text().splitlines()]
+        ran = [r for r in records if not r["skipped"]]
+
+        def median(key: str) -> float | None:
+            values = [r[key] for r in ran if r.get(key) is not None]
+            return statistics.median(values) if values else None
+
+        memory_key = "cuda_max_allocated_bytes" if on_gpu else "rss_bytes"
+        result = {
+            "first_loss": reporter.first_loss(),
+            "final_loss": final_loss,
+            "steps": step,
+            "tokens": tokens_seen,
+            "wall_s": wall_s,
+            "mlflow_run_id": reporter.run_id,
+            "mlflow_experiment_id": reporter.experiment_id,
+            "params": num_params,
+            "skipped_steps": guard.total,
+            "world_size": world_size,
+            "device": gpu_name or "cpu",
+            "median_step_s": median("step_s"),
+            "median_tokens_per_s": median("tokens_per_s"),
+            "median_flops_per_s": median("flops_per_s"),
+            "median_mfu": median("mfu"),
+            f"peak_{memory_key}": max((r.get(memory_key) or 0 for r in records), default=None),
+            "init_fingerprint": init_fingerprint,
+            "checkpoint": str(ckpt_dir / checkpointing.tag_for(step)),
+            "export_dir": str(export_dir) if export_dir else None,
+            "model_config": model_cfg.to_dict(),
+        }
+        checkpointing.write_atomic(out_dir / "result.json", json.dumps(result, indent=2) + "\n")
+        reporter.finish(result)
+        return result
+    except BaseException as error:
         if reporter:
-            reporter.finish(status="FAILED")
+            reporter.fail(error)
         raise
-
-    if rank != 0:
-        return None
-    wall_s = prior_wall_s + (time.time() - start_time)
-    export_dir = None
-    if cfg["export"]:
-        from training.export import export_checkpoint
-
-        export_dir = out_dir / "export"
-        export_checkpoint(ckpt_dir, export_dir, model_cfg, tag=f"global_step{step}",
-                          tokenizer_dir=cfg.get("tokenizer_dir"),
-                          metadata={"step": str(step), "seed": str(cfg["seed"]),
-                                    "init_fingerprint": init_fingerprint})
-    if final_loss is None:  # resumed at or past train_steps: take it from the log
-        lines = [json.loads(line) for line in reporter.metrics_path.read_text().splitlines()]
-        final_loss = next((r["loss"] for r in reversed(lines) if not r["skipped"]), None)
-    result = {
-        "first_loss": reporter.first_loss(),
-        "final_loss": final_loss,
-        "steps": step,
-        "tokens": tokens_seen,
-        "wall_s": wall_s,
-        "mlflow_run_id": reporter.run_id,
-        "params": num_params,
-        "skipped_steps": guard.total,
-        "world_size": world_size,
-        "init_fingerprint": init_fingerprint,
-        "checkpoint": str(ckpt_dir / f"global_step{step}"),
-        "export_dir": str(export_dir) if export_dir else None,
-        "model_config": model_cfg.to_dict(),
-    }
-    (out_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    if reporter.mlflow:
-        reporter.mlflow.log_metrics({"final_loss": final_loss, "wall_s": wall_s} if final_loss is not None
-                                    else {"wall_s": wall_s})
-    reporter.finish()
-    return result
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.dedup import DedupConfig
 from engine.filters import FilterConfig
@@ -50,17 +52,144 @@ class SampleSource(Section):
     files: int = Field(2, ge=1, le=64, description="Number of WARC files the sample is split into.")
 
 
+COMMON_CRAWL_ID = r"CC-MAIN-\d{4}-\d{2}"
+SEED_SNAPSHOT = r"seed-\d{4}-\d{2}-\d{2}"
+
+
+def _endpoint_url(value: str | None) -> str | None:
+    """S3-compatible endpoints are plain http(s) URLs; credentials never go into the config."""
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL")
+    if parts.username or parts.password:
+        raise ValueError("must not carry credentials; they come from the environment or the IAM role")
+    return value
+
+
+EndpointUrl = Annotated[str | None, AfterValidator(_endpoint_url)]
+
+
 class WarcDirSource(Section):
     kind: Literal["warc_dir"] = "warc_dir"
-    path: str = Field(description="Folder of .warc/.warc.gz/.wet/.wet.gz files (relative to the repo or absolute).")
-    pattern: str = Field("*.warc*", description="Glob of files to take from `path`.")
+    path: str = Field(
+        min_length=1,
+        description="Folder of .warc/.warc.gz/.wet/.wet.gz files: a local path (relative to the repo or absolute) "
+        "or s3://bucket/prefix, read with boto3 (credentials from the environment or the IAM role).",
+    )
+    pattern: str = Field("*", min_length=1, description="Glob on file names; only .warc, .warc.gz, .wet and .wet.gz files are taken.")
+    recursive: bool = Field(False, description="Also take files from subfolders (below the S3 prefix).")
+    endpoint_url: EndpointUrl = Field(None, description="S3-compatible endpoint for s3:// paths; default: AWS (or AWS_ENDPOINT_URL_S3).")
+    unsigned: bool = Field(False, description="Send unsigned S3 requests (public buckets) instead of using credentials.")
+    max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request (botocore standard retries) and per file download.")
+
+    @field_validator("path")
+    @classmethod
+    def _s3_path_names_a_bucket(cls, value: str) -> str:
+        if value.startswith("s3://") and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?", value):
+            raise ValueError("must be s3://bucket/prefix with a valid bucket name")
+        return value
+
+
+class CommonCrawlSource(Section):
+    kind: Literal["common_crawl"] = "common_crawl"
+    crawl: str | None = Field(None, pattern=f"^{COMMON_CRAWL_ID}$", description="Crawl id, e.g. CC-MAIN-2024-22; default: the snapshot name.")
+    file_type: Literal["warc", "wet"] = Field("warc", description="Listing to sample: warc.paths.gz (HTTP responses) or wet.paths.gz (extracted text).")
+    files: int = Field(1, ge=1, le=100_000, description="Files taken from the listing: a seeded sample, the same for the same seed and listing.")
+    seed: int = Field(0, description="Seed of the file sample.")
+    bucket: str = Field("commoncrawl", min_length=3, max_length=63, description="Bucket holding crawl-data/<crawl>/.")
+    endpoint_url: EndpointUrl = Field(None, description="S3-compatible endpoint; default: AWS (or AWS_ENDPOINT_URL_S3).")
+    max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request (botocore standard retries) and per file download.")
+
+
+class SeedCrawlSource(Section):
+    kind: Literal["seed_crawl"] = "seed_crawl"
+    seeds: list[str] = Field(min_length=1, description="Start URLs (http or https); their hosts are in scope.")
+    allowed_domains: list[str] = Field(
+        default_factory=list, description="Further domains (with their subdomains) the crawl may enter besides the seed hosts."
+    )
+    max_depth: int = Field(2, ge=0, le=50, description="Links followed away from a seed (0: fetch the seeds only).")
+    max_pages: int = Field(100, ge=1, le=1_000_000, description="HTTP fetches at most, redirects included, robots.txt not.")
+    max_bytes_per_page: int = Field(
+        2_000_000, ge=1024, le=1_000_000_000,
+        description="Responses announcing more (Content-Length) are not downloaded; longer streamed bodies are cut off and dropped.",
+    )
+    delay_seconds: float = Field(1.0, ge=0, le=600, description="Pause between requests to one host (a longer robots.txt Crawl-delay wins).")
+    timeout_seconds: float = Field(10.0, gt=0, le=300, description="Connect and read timeout of each request.")
+    page_timeout_seconds: float = Field(60.0, gt=0, le=3600, description="Wall-clock limit for downloading one response.")
+    max_redirects: int = Field(5, ge=0, le=20, description="Redirects followed per URL; loops are detected and dropped.")
+    user_agent: str = Field(
+        "KilnBot/0.1 (+https://github.com/kiln-pipeline/kiln)", min_length=1, max_length=256,
+        description="User-Agent header; its product token (before '/') selects the robots.txt group.",
+    )
+    allow_private_networks: bool = Field(
+        False, description="Allow private, loopback and link-local addresses (tests and intranet crawls only)."
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _http_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"seed {url!r} is not an http(s) URL")
+        return value
+
+    @field_validator("user_agent")
+    @classmethod
+    def _printable_header(cls, value: str) -> str:
+        if not re.fullmatch(r"[\x20-\x7e]+", value):
+            raise ValueError("must be printable ASCII on one line")
+        return value
+
+
+class RefreshConfig(Section):
+    cron: str = Field("0 6 * * *", description="When the snapshot_refresh schedule looks for new snapshots (cron, UTC).")
+    common_crawl: CommonCrawlSource | None = Field(
+        None, description="Source for newly published Common Crawl crawls (leave `crawl` empty); null: do not look for them."
+    )
+    common_crawl_since: str = Field(
+        "CC-MAIN-2024-22", pattern=f"^{COMMON_CRAWL_ID}$", description="Crawls older than this id are never added."
+    )
+    seed_crawl: SeedCrawlSource | None = Field(
+        None, description="Seed crawl started on every tick as snapshot seed-YYYY-MM-DD; null: no scheduled seed crawls."
+    )
+
+    @field_validator("cron")
+    @classmethod
+    def _five_cron_fields(cls, value: str) -> str:
+        fields = value.split()
+        if len(fields) != 5 or not all(re.fullmatch(r"[0-9A-Za-z*/,\-]+", f) for f in fields):
+            raise ValueError("must be a cron expression of five fields, e.g. '0 6 * * *'")
+        return value
+
+    @model_validator(mode="after")
+    def _template_has_no_crawl_id(self) -> "RefreshConfig":
+        if self.common_crawl is not None and self.common_crawl.crawl is not None:
+            raise ValueError("common_crawl.crawl must be empty: the discovered crawl id fills it")
+        return self
+
+
+# `kind` picks the model, so an invalid source is reported against its own fields only.
+CrawlSource = Annotated[SampleSource | WarcDirSource | CommonCrawlSource | SeedCrawlSource, Field(discriminator="kind")]
 
 
 class RawCrawlConfig(Section):
-    snapshots: dict[str, SampleSource | WarcDirSource] = Field(
+    snapshots: dict[str, CrawlSource] = Field(
         default_factory=lambda: {"sample": SampleSource()},
         description="Crawl snapshots (partitions of the per-snapshot assets) and where each comes from.",
     )
+    refresh: RefreshConfig = Field(
+        default_factory=RefreshConfig, description="What the snapshot_refresh schedule discovers and when."
+    )
+
+    @model_validator(mode="after")
+    def _common_crawl_snapshots_name_a_crawl(self) -> "RawCrawlConfig":
+        for name, source in self.snapshots.items():
+            if isinstance(source, CommonCrawlSource) and source.crawl is None and not re.fullmatch(COMMON_CRAWL_ID, name):
+                raise ValueError(f"snapshots.{name}: set `crawl` (e.g. CC-MAIN-2024-22) or name the snapshot after the crawl")
+        return self
 
 
 class DocumentsConfig(Section):

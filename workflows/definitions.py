@@ -12,7 +12,7 @@ from assets.quality_signals import quality_signals
 from assets.raw_crawl import raw_crawl
 from assets.tokenized import tokenized
 from assets.tokenizer import tokenizer
-from jobs import JOBS, SENSORS
+from jobs import JOBS, SCHEDULES, SENSORS
 from workflows.kiln import KilnResource
 
 # In pipeline order; the demo and the tests walk this list.
@@ -34,6 +34,7 @@ defs = dg.Definitions(
     assets=ALL_ASSETS,
     jobs=JOBS,
     sensors=SENSORS,
+    schedules=SCHEDULES,
     resources={"kiln": KilnResource()},
     # One process per run: Spark starts once and is reused by every step, which matters on small machines.
     executor=dg.in_process_executor,

@@ -29,14 +29,24 @@ SNAPSHOTS = dg.DynamicPartitionsDefinition(name="snapshot")
 CONFIG: PipelineConfig = load_config()
 
 
-def stage(name: str, group: str, *, partitioned: bool, deps: list[str] = (), **kwargs):
-    """`@dg.asset` with Kiln's conventions: group, snapshot partitions, config-hash code version."""
+# Per-snapshot stages below raw_crawl follow a new snapshot on their own: each runs once its inputs
+# have landed (the snapshot_automation sensor in jobs/ evaluates this). raw_crawl is started by a job.
+SNAPSHOT_AUTOMATION = dg.AutomationCondition.eager()
+
+
+def stage(name: str, group: str, *, partitioned: bool, deps: list[str] = (),
+          automation_condition: dg.AutomationCondition | None = None, **kwargs):
+    """`@dg.asset` with Kiln's conventions: group, snapshot partitions, config-hash code version,
+    and `SNAPSHOT_AUTOMATION` for partitioned stages with inputs unless a condition is given."""
+    if automation_condition is None and partitioned and deps:
+        automation_condition = SNAPSHOT_AUTOMATION
     return dg.asset(
         name=name,
         group_name=group,
         partitions_def=SNAPSHOTS if partitioned else None,
         code_version=code_version(CONFIG, name),
         deps=list(deps),
+        automation_condition=automation_condition,
         **kwargs,
     )
 

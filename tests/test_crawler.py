@@ -1,0 +1,290 @@
+"""The polite crawler against a real HTTP site on 127.0.0.1 (http.server in a thread)."""
+import json
+import socket
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import BytesIO
+
+import pytest
+from warcio.archiveiterator import ArchiveIterator
+from warcio.warcwriter import WARCWriter
+
+from engine.crawler import Crawler, CrawlSettings, crawl_to_warc, extract_links, is_public_address, normalize_url
+
+UA = "KilnTestBot/1.0 (+https://kiln.test/bot)"
+ROBOTS = b"User-agent: *\nDisallow: /private/\n\nUser-agent: OtherBot\nDisallow: /\n"
+HUGE = 5_000_000_000
+
+
+def _page(*links: str, extra: str = "") -> bytes:
+    anchors = "".join(f'<a href="{href}">{href}</a> ' for href in links)
+    return f"<!DOCTYPE html><html><head><title>t</title></head><body><p>text</p>{anchors}{extra}</body></html>".encode()
+
+
+PAGES = {
+    "/": _page("/a.html", "/b.html", "/private/secret.html", "/loop1", "/go-b", "/slow", "/huge", "/stream-big",
+               "/a.html#section", "http://elsewhere.invalid/x.html", "/missing.html",
+               extra='<a href="/nofollowed.html" rel="nofollow">n</a>'),
+    "/a.html": _page("/deep1.html"),
+    "/b.html": _page("/"),
+    "/deep1.html": _page("/deep2.html"),
+    "/deep2.html": _page("/deep3.html"),
+    "/deep3.html": _page(),
+    "/private/secret.html": _page(),
+    "/nofollowed.html": _page(),
+}
+REDIRECTS = {"/loop1": "/loop2", "/loop2": "/loop1", "/go-b": "/b.html"}
+
+
+class Site(BaseHTTPRequestHandler):
+    requests: list[tuple[str, str]] = []  # (path, user agent), shared per server via a subclass
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def do_GET(self):
+        self.requests.append((self.path, self.headers.get("User-Agent", "")))
+        if self.path == "/robots.txt":
+            return self._send(200, ROBOTS, "text/plain")
+        if self.path in REDIRECTS:
+            self.send_response(302)
+            self.send_header("Location", REDIRECTS[self.path])
+            self.send_header("Content-Length", "0")
+            return self.end_headers()
+        if self.path == "/slow":
+            self.release.wait(10)  # answers only after the test is over: longer than any read timeout
+            return self._send(200, _page(), "text/html")
+        if self.path == "/huge":
+            # Announce 5 GB, send a few bytes, hang up: the crawler must not start reading.
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            self.send_header("Content-Length", str(HUGE))
+            self.end_headers()
+            self.wfile.write(b"0123456789")
+            self.close_connection = True
+            return
+        if self.path == "/stream-big":
+            # No Content-Length (HTTP/1.0, close-delimited): only streaming can enforce the cap.
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            try:
+                for _ in range(64):
+                    self.wfile.write(b"x" * 8192)
+            except OSError:
+                pass  # the crawler hung up once it had enough
+            return
+        if self.path in PAGES:
+            return self._send(200, PAGES[self.path], "text/html; charset=utf-8")
+        return self._send(404, b"not found", "text/plain")
+
+    def _send(self, status, body, content_type):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@contextmanager
+def serve_site():
+    handler = type("SiteHandler", (Site,), {"requests": [], "release": threading.Event()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler.requests
+    finally:
+        handler.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture()
+def site():
+    with serve_site() as served:
+        yield served
+
+
+def settings(**overrides) -> CrawlSettings:
+    base = dict(user_agent=UA, max_depth=2, max_pages=50, max_bytes_per_page=32 * 1024, delay_seconds=0.0,
+                timeout_seconds=0.5, page_timeout_seconds=5.0, max_redirects=3, allow_private_networks=True)
+    return CrawlSettings(**{**base, **overrides})
+
+
+def read_warc(path):
+    with open(path, "rb") as stream:
+        return [
+            (r.rec_type, r.rec_headers.get_header("WARC-Target-URI"), r.rec_headers, r.http_headers, r.content_stream().read())
+            for r in ArchiveIterator(stream)
+        ]
+
+
+def read_log(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def crawled(tmp_path_factory):
+    """One crawl of the whole site, read by several tests."""
+    out = tmp_path_factory.mktemp("crawl")
+    with serve_site() as (base, requests):
+        stats = crawl_to_warc([base + "/"], out / "c.warc.gz", out / "log.jsonl", settings())
+    return base, requests, stats, read_warc(out / "c.warc.gz"), read_log(out / "log.jsonl")
+
+
+def test_crawl_writes_request_and_response_records(crawled):
+    base, _, stats, records, _ = crawled
+    assert records[0][0] == "warcinfo"
+    responses = {uri: (rec, http, body) for kind, uri, rec, http, body in records if kind == "response"}
+    requests = {uri: (rec, http) for kind, uri, rec, http, _ in records if kind == "request"}
+    assert set(responses) == set(requests)
+    for uri, (rec, http) in requests.items():
+        # Each request names its response, and carries the configured user agent.
+        assert rec.get_header("WARC-Concurrent-To") == responses[uri][0].get_header("WARC-Record-ID")
+        assert http.get_header("User-Agent") == UA
+        assert responses[uri][0].get_header("WARC-IP-Address") == "127.0.0.1"
+    assert responses[base + "/a.html"][2] == PAGES["/a.html"]
+    assert responses[base + "/a.html"][1].get_statuscode() == "200"
+    assert responses[base + "/missing.html"][1].get_statuscode() == "404"
+    assert stats["pages_ok"] == len([u for u in responses if responses[u][1].get_statuscode() == "200"])
+
+
+def test_crawl_obeys_robots_scope_depth_and_nofollow(crawled):
+    base, requests, _, records, log = crawled
+    paths = [path for path, _ in requests]
+    assert all(agent == UA for _, agent in requests)
+    assert paths.count("/robots.txt") == 1  # fetched once per host, then cached
+    assert "/private/secret.html" not in paths
+    assert {"url": base + "/private/secret.html", "depth": 1, "outcome": "robots_disallowed"} in log
+    assert "/nofollowed.html" not in paths
+    # Seeds are depth 0: /a.html is 1, /deep1.html 2 (fetched, max_depth), its links not followed.
+    assert "/deep1.html" in paths and "/deep2.html" not in paths
+    assert len(paths) == len(set(paths)), "every URL is fetched once (fragments dropped, redirects deduplicated)"
+    uris = {uri for _, uri, *_ in records}
+    assert not any("elsewhere.invalid" in (uri or "") for uri in uris)
+
+
+def test_redirects_are_followed_and_loops_detected(crawled):
+    base, requests, _, records, log = crawled
+    outcomes = {(e["url"], e["outcome"]) for e in log}
+    assert (base + "/go-b", "redirect") in outcomes
+    assert (base + "/loop1", "redirect") in outcomes and (base + "/loop2", "redirect") in outcomes
+    assert (base + "/loop1", "redirect_loop") in outcomes
+    assert [p for p, _ in requests].count("/loop1") == 1
+    redirect = next(http for kind, uri, _, http, _ in records if kind == "response" and uri == base + "/go-b")
+    assert redirect.get_statuscode() == "302" and redirect.get_header("Location") == "/b.html"
+
+
+def test_redirect_hop_limit(site, tmp_path):
+    base, requests = site
+    crawl_to_warc([base + "/loop1"], tmp_path / "c.warc.gz", tmp_path / "log.jsonl", settings(max_redirects=0))
+    log = read_log(tmp_path / "log.jsonl")
+    assert [e["outcome"] for e in log] == ["redirect", "too_many_redirects"]
+    assert [p for p, _ in requests if p != "/robots.txt"] == ["/loop1"]
+
+
+def test_slow_endpoint_times_out(crawled):
+    base, _, _, records, log = crawled
+    entry = next(e for e in log if e["url"] == base + "/slow")
+    assert entry["outcome"] == "timeout"
+    assert base + "/slow" not in {uri for kind, uri, *_ in records if kind == "response"}
+
+
+def test_huge_content_length_is_not_downloaded(crawled):
+    base, requests, _, records, log = crawled
+    entry = next(e for e in log if e["url"] == base + "/huge")
+    assert entry["outcome"] == "too_large" and entry["bytes"] == 0
+    assert str(HUGE) in entry["detail"]
+    assert "/huge" in [p for p, _ in requests]  # asked once, body never read
+    assert base + "/huge" not in {uri for _, uri, *_ in records}
+
+
+def test_streamed_body_is_cut_off_at_the_cap(crawled):
+    base, _, _, records, log = crawled
+    entry = next(e for e in log if e["url"] == base + "/stream-big")
+    assert entry["outcome"] == "too_large"
+    # Read stops within one chunk past the 32 KiB cap, far below the 512 KiB the server offers.
+    assert 32 * 1024 < entry["bytes"] <= 32 * 1024 + 64 * 1024
+    assert base + "/stream-big" not in {uri for _, uri, *_ in records}
+
+
+def test_page_limit(site, tmp_path):
+    base, requests = site
+    stats = crawl_to_warc([base + "/"], tmp_path / "c.warc.gz", tmp_path / "log.jsonl", settings(max_pages=3))
+    assert stats["fetches"] == 3
+    assert len([p for p, _ in requests if p != "/robots.txt"]) == 3
+    assert stats["outcomes"]["not_visited_page_limit"] > 0
+
+
+def test_loopback_is_refused_without_the_flag(site, tmp_path):
+    base, requests = site
+    port = base.rsplit(":", 1)[1]
+    stats = crawl_to_warc([base + "/", f"http://localhost:{port}/a.html"], tmp_path / "c.warc.gz", tmp_path / "log.jsonl",
+                          settings(allow_private_networks=False))
+    assert requests == [], "not even robots.txt may be fetched from a loopback address"
+    assert stats["fetches"] == 0
+    assert [e["outcome"] for e in read_log(tmp_path / "log.jsonl")] == ["blocked_address", "blocked_address"]
+    assert [kind for kind, *_ in read_warc(tmp_path / "c.warc.gz")] == ["warcinfo"]
+
+
+@pytest.mark.parametrize("address, public", [
+    ("127.0.0.1", False), ("10.0.0.7", False), ("172.16.3.4", False), ("192.168.1.1", False),
+    ("169.254.169.254", False), ("100.64.0.1", False), ("0.0.0.0", False), ("224.0.0.251", False),
+    ("::1", False), ("fe80::1%eth0", False), ("fc00::1", False), ("::ffff:127.0.0.1", False), ("::ffff:10.0.0.1", False),
+    ("8.8.8.8", True), ("2606:4700:4700::1111", True), ("::ffff:8.8.8.8", True),
+])
+def test_address_classification(address, public):
+    assert is_public_address(address) is public
+
+
+def test_per_host_delay_is_kept(site):
+    """A fake clock that only moves when the crawler sleeps: every gap between requests to the
+    host is at least the delay, and the crawler slept instead of hammering."""
+    base, _ = site
+    now = [0.0]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+
+    crawler = Crawler(settings(delay_seconds=5.0, max_pages=6), WARCWriter(BytesIO(), gzip=True),
+                      clock=lambda: now[0], sleep=sleep)
+    crawler.crawl([base + "/"])
+    times = crawler.request_times["127.0.0.1"]
+    assert len(times) == 7  # robots.txt + 6 pages
+    assert all(later - earlier >= 5.0 for earlier, later in zip(times, times[1:]))
+    assert len(slept) == 6
+
+
+def test_robots_crawl_delay_and_agent_groups(site):
+    base, _ = site
+    crawler = Crawler(settings(user_agent="OtherBot/2.0"), WARCWriter(BytesIO(), gzip=True))
+    robots = crawler.robots_for(base + "/a.html")
+    assert not robots.can_fetch("OtherBot/2.0", base + "/a.html")  # its own group disallows everything
+    assert robots.can_fetch(UA, base + "/a.html") and not robots.can_fetch(UA, base + "/private/x")
+
+
+def test_unreachable_robots_means_stay_out(tmp_path):
+    # A port nothing listens on: robots.txt cannot be read, so the host is not crawled.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    stats = crawl_to_warc([f"http://127.0.0.1:{port}/"], tmp_path / "c.warc.gz", tmp_path / "log.jsonl", settings())
+    assert stats["fetches"] == 0
+    assert [e["outcome"] for e in read_log(tmp_path / "log.jsonl")] == ["robots_disallowed"]
+
+
+def test_extract_links_and_normalize():
+    html = (b'<html><head><base href="https://Example.com/docs/"><meta name="robots" content="index"></head><body>'
+            b'<a href="a.html#x">a</a><a href="/b?q=1">b</a><a href="mailto:x@y">m</a>'
+            b'<a href="HTTP://user:pw@Example.com:80/c">c</a><a href="d" rel="external nofollow">d</a></body></html>')
+    assert extract_links(html, "https://example.com/") == [
+        "https://example.com/docs/a.html", "https://example.com/b?q=1", "http://example.com/c",
+    ]
+    assert extract_links(b'<meta name="robots" content="noindex, nofollow"><a href="/x">x</a>', "http://h/") == []
+    assert normalize_url("https://h:443") == "https://h/"
+    assert normalize_url("ftp://h/x") is None and normalize_url("http://h:99999/") is None
