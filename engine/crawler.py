@@ -39,6 +39,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 ROBOTS_MAX_BYTES = 512 * 1024  # RFC 9309: parse at least the first 500 KiB
 ROBOTS_MAX_REDIRECTS = 5  # RFC 9309: follow at least five
 CHUNK_BYTES = 64 * 1024
+MAX_CRAWL_DELAY = 120.0  # a host asking for longer waits is left alone rather than crawled faster
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
@@ -54,6 +55,7 @@ class CrawlSettings:
     page_timeout_seconds: float = 60.0
     max_redirects: int = 5
     allow_private_networks: bool = False
+    ca_bundle: str | None = None  # PEM of trusted CAs; default: certifi's bundle
 
 
 class FetchRefused(Exception):
@@ -151,7 +153,8 @@ def extract_links(body: bytes, base_url: str, content_type: str | None = None) -
     if tree.document is None:
         return []
     for meta in tree.document.query_selector_all("meta[name]"):
-        if (meta.getattr("name") or "").lower() == "robots" and re.search(r"\b(nofollow|none)\b", (meta.getattr("content") or "").lower()):
+        directives = (meta.getattr("content") or "").lower()
+        if (meta.getattr("name") or "").lower() == "robots" and re.search(r"\b(nofollow|none)\b", directives):
             return []
     base = tree.document.query_selector("base[href]")
     if base is not None:
@@ -258,6 +261,10 @@ class Crawler:
                 target = normalize_url(location, target)
             if 200 <= got.status < 300:
                 robots.parse(got.body.decode("utf-8", "replace").splitlines())
+                asked = robots.crawl_delay(self.settings.user_agent)
+                if asked and float(asked) > MAX_CRAWL_DELAY:
+                    robots.disallow_all = True
+                    self.robots_problems[origin] = f"Crawl-delay {asked}s is over {MAX_CRAWL_DELAY:.0f}s"
             elif got.status in (401, 403):
                 robots.disallow_all = True  # as urllib.robotparser.read() does
             elif 400 <= got.status < 500:
@@ -270,6 +277,11 @@ class Crawler:
             self.robots_problems[origin] = f"robots.txt unavailable: {refused}"
             robots.disallow_all = True
         self._robots[origin] = robots
+        # The robots.txt request itself was spaced before its Crawl-delay was known; the next one is not.
+        host = urlsplit(origin).hostname
+        if self.request_times.get(host):
+            self._next_request[host] = max(self._next_request.get(host, float("-inf")),
+                                           self.request_times[host][-1] + self._host_delay(host))
         return robots
 
     # ---- HTTP ----------------------------------------------------------------------------
@@ -278,10 +290,16 @@ class Crawler:
         key = (scheme, ip, port, host)
         if key not in self._pools:
             if scheme == "https":
-                import certifi
+                ca_certs = self.settings.ca_bundle
+                if ca_certs is None:
+                    try:
+                        import certifi
 
+                        ca_certs = certifi.where()
+                    except ImportError:  # the system's trust store then
+                        pass
                 self._pools[key] = urllib3.HTTPSConnectionPool(
-                    ip, port, maxsize=1, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                    ip, port, maxsize=1, cert_reqs="CERT_REQUIRED", ca_certs=ca_certs,
                     server_hostname=host, assert_hostname=host,
                 )
             else:
@@ -437,15 +455,17 @@ class Crawler:
             self._scope_netlocs.add(f"{host}:{port}")
         for seed in seeds:
             self._enqueue(frontier, normalize_url(seed), 0)
-        while frontier.ready and self._fetches < self.settings.max_pages:
-            host, url, depth = frontier.pop()
-            self._visit(url, depth, frontier)
-            frontier.schedule(host, self._next_request.get(host, float("-inf")))
+        try:
+            while frontier.ready and self._fetches < self.settings.max_pages:
+                host, url, depth = frontier.pop()
+                self._visit(url, depth, frontier)
+                frontier.schedule(host, self._next_request.get(host, float("-inf")))
+        finally:
+            for pool in self._pools.values():
+                pool.close()
         left = sum(len(q) for q in frontier.queues.values())
         if left:
             self.counts["not_visited_page_limit"] += left
-        for pool in self._pools.values():
-            pool.close()
         return {
             "fetches": self._fetches,
             "responses": self.counts["fetched"] + self.counts["redirect"],

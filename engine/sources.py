@@ -40,7 +40,7 @@ import boto3
 import urllib3
 from botocore import UNSIGNED
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from engine.crawler import CrawlSettings, crawl_to_warc
 from workflows.config import (
@@ -95,15 +95,19 @@ def source_for_snapshot(raw: RawCrawlConfig, snapshot: str):
 # ---------------------------------------------------------------------------------------------
 
 def s3_client(endpoint_url: str | None = None, *, max_attempts: int = 5, unsigned: bool = False):
-    """boto3 S3 client with standard-mode retries; credentials from boto3's default chain."""
-    region = boto3.session.Session().region_name or "us-east-1"  # Common Crawl lives in us-east-1
+    """boto3 S3 client with standard-mode retries; credentials from boto3's default chain.
+
+    A fresh session each time: the default session would keep the credentials it first found.
+    """
+    session = boto3.session.Session()
+    region = session.region_name or "us-east-1"  # Common Crawl lives in us-east-1
     config = Config(
         retries={"mode": "standard", "max_attempts": max_attempts},
         connect_timeout=20,
         read_timeout=60,
         **({"signature_version": UNSIGNED} if unsigned else {}),
     )
-    return boto3.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
+    return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -263,7 +267,8 @@ def download_object(
                 continue
             except _TRANSIENT as error:
                 problem = f"{type(error).__name__}: {error}"
-                log(f"{key}: attempt {attempt} failed at byte {part.stat().st_size if part.exists() else 0} ({problem}); resuming")
+                reached = part.stat().st_size if part.exists() else 0
+                log(f"{key}: attempt {attempt} failed at byte {reached} ({problem}); resuming")
                 continue
             got = part.stat().st_size
             if got != size:
@@ -334,7 +339,15 @@ def fetch_warc_dir(source: WarcDirSource, out: Path, *, cache_dir: Path, backoff
     if source.path.startswith("s3://"):
         bucket, prefix = parse_s3_url(source.path)
         client = s3_client(source.endpoint_url, max_attempts=source.max_attempts, unsigned=source.unsigned)
-        keys = list_warc_objects(client, bucket, prefix, source.pattern, source.recursive)
+        try:
+            keys = list_warc_objects(client, bucket, prefix, source.pattern, source.recursive)
+        except NoCredentialsError:
+            raise SourceError(
+                f"no AWS credentials for {source.path}: set them in the environment (or a profile or IAM role), "
+                "or `unsigned: true` for a public bucket"
+            ) from None
+        except ClientError as error:
+            raise SourceError(f"cannot list {source.path}: {error.response['Error'].get('Code')}") from None
         if not keys:
             raise SourceError(f"no {'/'.join(WARC_SUFFIXES)} files match {source.pattern!r} under {source.path}")
         records = _download_all(client, bucket, keys, warc_dir, cache_dir, source.endpoint_url,
@@ -356,7 +369,8 @@ def fetch_warc_dir(source: WarcDirSource, out: Path, *, cache_dir: Path, backoff
     return {"files": len(files), "location": str(folder)}
 
 
-def fetch_common_crawl(source: CommonCrawlSource, out: Path, *, cache_dir: Path, backoff_seconds: float = 1.0, log: Log = print) -> dict:
+def fetch_common_crawl(source: CommonCrawlSource, out: Path, *, cache_dir: Path, backoff_seconds: float = 1.0,
+                       log: Log = print) -> dict:
     client = s3_client(source.endpoint_url, max_attempts=source.max_attempts, unsigned=True)  # a public bucket
     listing = crawl_listing(client, source.bucket, source.crawl, source.file_type)
     keys = sample_paths(listing, source.files, source.seed)
@@ -384,6 +398,7 @@ def crawl_settings(source: SeedCrawlSource) -> CrawlSettings:
         page_timeout_seconds=source.page_timeout_seconds,
         max_redirects=source.max_redirects,
         allow_private_networks=source.allow_private_networks,
+        ca_bundle=str(resolve_path(source.ca_bundle)) if source.ca_bundle else None,
     )
 
 

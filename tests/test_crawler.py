@@ -39,6 +39,7 @@ REDIRECTS = {"/loop1": "/loop2", "/loop2": "/loop1", "/go-b": "/b.html"}
 
 class Site(BaseHTTPRequestHandler):
     requests: list[tuple[str, str]] = []  # (path, user agent), shared per server via a subclass
+    robots = ROBOTS
 
     def log_message(self, *args):  # keep pytest output clean
         pass
@@ -46,7 +47,7 @@ class Site(BaseHTTPRequestHandler):
     def do_GET(self):
         self.requests.append((self.path, self.headers.get("User-Agent", "")))
         if self.path == "/robots.txt":
-            return self._send(200, ROBOTS, "text/plain")
+            return self._send(200, self.robots, "text/plain")
         if self.path in REDIRECTS:
             self.send_response(302)
             self.send_header("Location", REDIRECTS[self.path])
@@ -88,8 +89,8 @@ class Site(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve_site():
-    handler = type("SiteHandler", (Site,), {"requests": [], "release": threading.Event()})
+def serve_site(robots: bytes = ROBOTS):
+    handler = type("SiteHandler", (Site,), {"requests": [], "release": threading.Event(), "robots": robots})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -240,24 +241,49 @@ def test_address_classification(address, public):
     assert is_public_address(address) is public
 
 
+class FakeClock:
+    """Time that only moves when the crawler sleeps."""
+
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
 def test_per_host_delay_is_kept(site):
     """A fake clock that only moves when the crawler sleeps: every gap between requests to the
     host is at least the delay, and the crawler slept instead of hammering."""
     base, _ = site
-    now = [0.0]
-    slept = []
-
-    def sleep(seconds):
-        slept.append(seconds)
-        now[0] += seconds
-
+    clock = FakeClock()
     crawler = Crawler(settings(delay_seconds=5.0, max_pages=6), WARCWriter(BytesIO(), gzip=True),
-                      clock=lambda: now[0], sleep=sleep)
+                      clock=clock, sleep=clock.sleep)
     crawler.crawl([base + "/"])
     times = crawler.request_times["127.0.0.1"]
     assert len(times) == 7  # robots.txt + 6 pages
-    assert all(later - earlier >= 5.0 for earlier, later in zip(times, times[1:]))
-    assert len(slept) == 6
+    assert all(later - earlier >= 5.0 for earlier, later in zip(times, times[1:], strict=False))
+    assert len(clock.slept) == 6
+
+
+def test_a_longer_robots_crawl_delay_wins():
+    with serve_site(b"User-agent: *\nCrawl-delay: 7\nDisallow: /private/\n") as (base, _):
+        clock = FakeClock()
+        crawler = Crawler(settings(delay_seconds=1.0, max_pages=4), WARCWriter(BytesIO(), gzip=True),
+                          clock=clock, sleep=clock.sleep)
+        crawler.crawl([base + "/"])
+    times = crawler.request_times["127.0.0.1"]
+    assert len(times) == 5 and all(b - a >= 7.0 for a, b in zip(times, times[1:], strict=False))
+
+
+def test_a_host_asking_for_hours_between_requests_is_left_alone(tmp_path):
+    with serve_site(b"User-agent: *\nCrawl-delay: 86400\n") as (base, requests):
+        stats = crawl_to_warc([base + "/"], tmp_path / "c.warc.gz", tmp_path / "log.jsonl", settings())
+    assert stats["fetches"] == 0 and [p for p, _ in requests] == ["/robots.txt"]
+    assert "Crawl-delay 86400" in read_log(tmp_path / "log.jsonl")[0]["detail"]
 
 
 def test_robots_crawl_delay_and_agent_groups(site):
@@ -288,3 +314,63 @@ def test_extract_links_and_normalize():
     assert extract_links(b'<meta name="robots" content="noindex, nofollow"><a href="/x">x</a>', "http://h/") == []
     assert normalize_url("https://h:443") == "https://h/"
     assert normalize_url("ftp://h/x") is None and normalize_url("http://h:99999/") is None
+
+
+def _self_signed(tmp_path, name: str):
+    """A certificate for `name` (an IP address), as key.pem and cert.pem; the cert is its own CA."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(name))]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    (tmp_path / f"{name}.key").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (tmp_path / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
+
+
+@pytest.fixture()
+def tls_site(tmp_path):
+    import ssl
+
+    cert, key = _self_signed(tmp_path, "127.0.0.1")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    handler = type("TlsHandler", (Site,), {"requests": [], "release": threading.Event()})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", cert, handler.requests
+    server.shutdown()
+    server.server_close()
+
+
+def test_https_goes_to_the_checked_address_and_verifies_the_certificate(tls_site, tmp_path):
+    base, cert, requests = tls_site
+    stats = crawl_to_warc([base + "/b.html"], tmp_path / "c.warc.gz", tmp_path / "log.jsonl",
+                          settings(max_depth=0, ca_bundle=str(cert)))
+    assert stats["pages_ok"] == 1
+    assert [p for p, _ in requests] == ["/robots.txt", "/b.html"]
+    # An untrusted certificate (another self-signed one) is refused: nothing is fetched.
+    (tmp_path / "other").mkdir()
+    other, _ = _self_signed(tmp_path / "other", "127.0.0.2")
+    stats = crawl_to_warc([base + "/b.html"], tmp_path / "d.warc.gz", tmp_path / "log2.jsonl",
+                          settings(max_depth=0, ca_bundle=str(other)))
+    assert stats["fetches"] == 0
+    entry = read_log(tmp_path / "log2.jsonl")[0]
+    assert entry["outcome"] == "robots_disallowed" and "SSLError" in entry["detail"]

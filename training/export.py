@@ -113,8 +113,12 @@ def save_export(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, export_di
     export_dir.mkdir(parents=True, exist_ok=True)
     tensors = _checked_export_tensors(state_dict, cfg)
     path = export_dir / filename
-    # "format": "pt" is what transformers checks before loading a safetensors file.
-    save_file(tensors, str(path), metadata={"format": "pt", **(metadata or {})})
+    # "format": "pt" is what transformers checks before loading a safetensors file. Provenance goes
+    # to a sorted JSON sidecar: safetensors stores its metadata map in random order, which would
+    # make identical weights differ byte for byte between runs.
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    if metadata:
+        (export_dir / "export_meta.json").write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
     (export_dir / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     if tokenizer_dir is not None:
         source = Path(tokenizer_dir) / "tokenizer.model"

@@ -126,6 +126,9 @@ class SeedCrawlSource(Section):
     allow_private_networks: bool = Field(
         False, description="Allow private, loopback and link-local addresses (tests and intranet crawls only)."
     )
+    ca_bundle: str | None = Field(
+        None, description="PEM file of CAs to trust for https (intranet crawls); default: the certifi bundle."
+    )
 
     @field_validator("seeds")
     @classmethod
@@ -243,10 +246,31 @@ class TrainingConfig(Section):
     num_nodes: int = Field(1, ge=1)
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs.")
     seed: int = 0
+    dry_run: bool = Field(False, description="Log the exact launcher command and materialize nothing.")
 
 
 class EvaluationConfig(Section):
     max_sequences_per_bucket: int = Field(64, ge=1, description="Held-out sequences evaluated per bucket.")
+    cloze_items_per_bucket: int = Field(
+        64, ge=0, description="LAMBADA-style last-word items per bucket, built from held-out documents (0: none).")
+    cloze_min_context_words: int = Field(20, ge=1, description="Words a cloze passage has before its target word.")
+    prompts: list[str] = Field(
+        default_factory=lambda: ["The best way to learn a new skill is", "In the garden this spring,",
+                                 "To fix a flat tyre, first"],
+        description="Fixed prompts, decoded greedily and with one seeded sample each through the HF export.")
+    sample_max_new_tokens: int = Field(48, ge=1, le=4096, description="Tokens generated per sample at most.")
+    sample_temperature: float = Field(0.8, gt=0, le=10, description="Temperature of the sampled decoding.")
+    sample_top_k: int = Field(40, ge=0, description="Top-k of the sampled decoding (0: the whole vocabulary).")
+    seed: int = Field(0, ge=0, description="Seed of the cloze item choice and of the sampled decodings.")
+    max_contamination_rate: float = Field(
+        0.01, ge=0, le=1,
+        description="Blocking check: the share of an eval set's items (mix.decontam) that may overlap documents "
+                    "left in the training data.")
+    lm_eval_task_dir: str | None = Field(
+        None, description="Folder of lm-evaluation-harness task YAMLs and their local data (relative to the repo or "
+                          "absolute); null skips the step, as does an environment without lm_eval ([eval] extra).")
+    lm_eval_tasks: list[str] = Field(default_factory=list, description="Task (or tag/group) names to run from it.")
+    lm_eval_limit: int | None = Field(None, ge=1, description="Documents per lm_eval task at most (null: all).")
 
 
 class MlflowConfig(Section):
