@@ -22,10 +22,15 @@ install: $(BIN)/kiln
 demo: install
 	$(BIN)/kiln demo
 
-test: install
+# Tests also cover the optional lm-evaluation-harness step, so they install the [eval] extra.
+$(VENV)/.eval-extra: $(BIN)/kiln
+	$(BIN)/pip install --quiet -e '.[dev,eval]'
+	@touch $@
+
+test: $(VENV)/.eval-extra
 	$(BIN)/python -m pytest -q
 
-test-quick: install
+test-quick: $(VENV)/.eval-extra
 	$(BIN)/python -m pytest -q -m "not slow"
 
 ui: install

@@ -1,69 +1,144 @@
-"""eval_report: held-out bits-per-byte and perplexity per bucket, trained model vs. step 0."""
+"""eval_report: the exported model against its step-0 self on the held-out split, as a report.
+
+Held-out bits per byte and perplexity per bucket, cloze accuracy on passages of held-out
+documents, the contamination audit of the mixture, samples through the HF export, optional
+lm-evaluation-harness tasks, and the deltas against the previous eval_report. It all goes into
+`report.md` and a self-contained `report.html` in the asset's folder, into an MLflow eval run
+nested under the training run, and into the materialization's metadata.
+
+The data version hashes only the deterministic results (`metrics.json`, `cloze_items.jsonl`),
+not the report files, which name the previous report and the MLflow run: evaluating the same
+checkpoint again gives the same data version.
+"""
 import json
-import math
 import time
+from pathlib import Path
 
 import dagster as dg
-import mlflow
 
-from training.evaluate import evaluate
-from training.export import load_exported
-from training.model import build_model
-from workflows.kiln import KilnResource, markdown_table, stage, write_json
+from engine.report import (
+    RESULT_FILES, build_report, check_finite, compare, contamination_audit, heldout_documents, key_metrics,
+    log_eval_run, report_numbers, training_loss_history, write_results,
+)
+from training.evaluate import evaluate_checkpoint
+from workflows.config import resolve_path
+from workflows.kiln import KilnResource, git_commit, stage
+from workflows.storage import SUCCESS, Artifact, StorageError, content_hash
 
 FINITE_CHECK = dg.AssetCheckSpec("metrics_finite", asset="eval_report", blocking=True,
-                                 description="Every bucket has finite bits-per-byte and perplexity.")
+                                 description="Every held-out bucket has finite loss, perplexity and bits per byte "
+                                             "(trained and step 0) and a finite cloze accuracy.")
+CONTAMINATION_CHECK = dg.AssetCheckSpec("contamination_under_limit", asset="eval_report", blocking=True,
+                                        description="No eval set has more than evaluation.max_contamination_rate "
+                                                    "of its items overlapping documents left in training.")
+IMPROVES_CHECK = dg.AssetCheckSpec("beats_step0", asset="eval_report",
+                                   description="Trained bits per byte is below the step-0 model's in every bucket.")
 
 
 @stage("eval_report", "evaluate", partitioned=False, deps=["checkpoints", "mixed_shards", "tokenizer"],
-       check_specs=[FINITE_CHECK])
+       check_specs=[FINITE_CHECK, CONTAMINATION_CHECK, IMPROVES_CHECK])
 def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.MaterializeResult:
     started = time.time()
     cfg = kiln.config.evaluation
-    ckpt = kiln.input("checkpoints")
-    mixed = kiln.input("mixed_shards")
-    tok = kiln.input("tokenizer")
+    ckpt, mixed, tok = kiln.input("checkpoints"), kiln.input("mixed_shards"), kiln.input("tokenizer")
     training = json.loads((ckpt.path / "result.json").read_text())
-    model, model_cfg = load_exported(ckpt.path / "export")
-    trained = evaluate(model, mixed.path, max_sequences_per_bucket=cfg.max_sequences_per_bucket)
-    # build_model with the training seed reproduces the exact weights training started from.
-    initial = evaluate(build_model(model_cfg, kiln.config.training.seed), mixed.path,
-                       max_sequences_per_bucket=cfg.max_sequences_per_bucket)
-    rows = [
-        {"bucket": b, "bits_per_byte": m["bits_per_byte"], "bpb_step0": initial[b]["bits_per_byte"],
-         "perplexity": m["perplexity"], "ppl_step0": initial[b]["perplexity"], "tokens": m["tokens"]}
-        for b, m in sorted(trained.items())
-    ]
-    report = "\n".join([
-        "# Kiln evaluation report",
-        "",
-        "Held-out split of `mixed_shards` (documents never seen in training). Bits per byte comes",
-        "first: unlike perplexity it compares across tokenizers.",
-        "",
-        markdown_table(rows),
-        "",
-        f"Training: loss {training['first_loss']:.4f} → {training['final_loss']:.4f} over {training['steps']} steps, "
-        f"{training['tokens']:,} tokens. MLflow run `{training.get('mlflow_run_id')}`.",
-        "",
-        f"Inputs: checkpoints `{ckpt.data_version}`, mixed_shards `{mixed.data_version}`, tokenizer `{tok.data_version}`.",
-    ])
-    finite = all(math.isfinite(m[k]) for m in trained.values() for k in ("bits_per_byte", "perplexity"))
-    with kiln.staging(context) as out:
-        write_json(out / "metrics.json", {"trained": trained, "initial": initial})
-        (out / "report.md").write_text(report + "\n")
-    result = kiln.publish(
-        context,
-        out,
-        inputs={"checkpoints": ckpt, "mixed_shards": mixed, "tokenizer": tok},
-        counts={f"bits_per_byte_{r['bucket']}": r["bits_per_byte"] for r in rows}
-        | {f"perplexity_{r['bucket']}": r["perplexity"] for r in rows},
-        metadata={"report": dg.MetadataValue.md(report)},
-        started=started,
-        check_results=[dg.AssetCheckResult(check_name=FINITE_CHECK.name, passed=finite)],
+    manifest = json.loads((mixed.path / "manifest.json").read_text())
+    documents, without_text = heldout_documents(mixed.path, _deduplicated_texts(kiln, mixed))
+    if without_text:
+        context.log.warning(f"{without_text} held-out documents have no stored text: no cloze items from them")
+    metrics = evaluate_checkpoint(
+        ckpt.path / "export", mixed.path, documents, init_seed=_init_seed(ckpt, kiln),
+        max_sequences_per_bucket=cfg.max_sequences_per_bucket, cloze_items_per_bucket=cfg.cloze_items_per_bucket,
+        cloze_min_context_words=cfg.cloze_min_context_words, prompts=cfg.prompts,
+        sample_max_new_tokens=cfg.sample_max_new_tokens, sample_temperature=cfg.sample_temperature,
+        sample_top_k=cfg.sample_top_k, seed=cfg.seed,
+        lm_eval_task_dir=resolve_path(cfg.lm_eval_task_dir) if cfg.lm_eval_task_dir else None,
+        lm_eval_tasks=cfg.lm_eval_tasks, lm_eval_limit=cfg.lm_eval_limit, log=context.log.info,
     )
-    if training.get("mlflow_run_id"):
-        client = mlflow.MlflowClient(kiln.mlflow_tracking_uri())
-        for r in rows:
-            client.log_metric(training["mlflow_run_id"], f"eval_bits_per_byte_{r['bucket']}", r["bits_per_byte"])
-            client.log_metric(training["mlflow_run_id"], f"eval_perplexity_{r['bucket']}", r["perplexity"])
-    return result
+    if metrics["lm_eval"]["status"] != "ok":
+        context.log.warning(f"lm_eval step skipped: {metrics['lm_eval']['reason']}")
+    if training.get("init_fingerprint") not in (None, metrics["initial_fingerprint"]):
+        context.log.warning("the rebuilt step-0 model differs from the one training started from")
+    metrics["contamination"] = contamination_audit(manifest.get("decontam"), cfg.max_contamination_rate)
+    loss_history, loss_source = training_loss_history(kiln.mlflow_tracking_uri(), training.get("mlflow_run_id"),
+                                                      ckpt.path / "metrics.jsonl")
+    with kiln.staging(context) as out:
+        results = write_results(out, metrics)
+        data_version = content_hash(out, RESULT_FILES)[:16]  # what publish will name it
+        previous = _previous_report(kiln, data_version)
+        comparison = compare(key_metrics(metrics), key_metrics(json.loads((previous.path / "metrics.json").read_text()))
+                             ) if previous else None
+        report = build_report(metrics, comparison=comparison, previous_version=previous and previous.data_version,
+                              loss_history=loss_history, loss_source=loss_source, header=[
+            f"Checkpoint `{ckpt.data_version}` ({training['steps']} steps, {training['tokens']:,} tokens, loss "
+            f"{training['first_loss']:.4f} → {training['final_loss']:.4f}), mixed_shards `{mixed.data_version}`, "
+            f"tokenizer `{tok.data_version}`. Training run: MLflow `{training.get('mlflow_run_id')}`."])
+        numbers = report_numbers(metrics)
+        eval_run_id = log_eval_run(
+            kiln.mlflow_tracking_uri(), kiln.mlflow_experiment_id(), run_name=f"eval_report-{data_version[:8]}",
+            training_run_id=training.get("mlflow_run_id"), key_numbers=numbers,
+            params={f"evaluation.{k}": v for k, v in cfg.model_dump(mode="json").items()},
+            tags={"dagster_run_id": context.run.run_id, "git_commit": git_commit(), "kiln.stage": "eval_report",
+                  "eval_report_data_version": data_version, "checkpoints_data_version": ckpt.data_version,
+                  "mixed_shards_data_version": mixed.data_version},
+            artifacts=results + report.write(out))
+    return kiln.publish(
+        context, out, inputs={"checkpoints": ckpt, "mixed_shards": mixed, "tokenizer": tok},
+        counts={f"{name}_{b}": m[name] for b, m in metrics["trained"].items() for name in ("bits_per_byte", "perplexity")},
+        metadata={"report": dg.MetadataValue.md(report.summary),
+                  "report_html": dg.MetadataValue.path(str(kiln.storage.partition_dir("eval_report", None)
+                                                           / data_version / "report.html")),
+                  "previous_report": previous.data_version if previous else "",
+                  "mlflow_eval_run_id": eval_run_id, "lm_eval": metrics["lm_eval"]["status"],
+                  **{k.replace("/", "_"): v for k, v in numbers.items()}},
+        started=started, version_files=RESULT_FILES, check_results=_check_results(metrics, manifest),
+    )
+
+
+def _check_results(metrics: dict, manifest: dict) -> list[dg.AssetCheckResult]:
+    finite, problems = check_finite(metrics, [b for b, v in manifest["validation"].items() if v["num_sequences"]])
+    audit = metrics["contamination"]
+    beats = {b: m["bits_per_byte"] < metrics["initial"][b]["bits_per_byte"] for b, m in metrics["trained"].items()}
+    return [
+        dg.AssetCheckResult(check_name=FINITE_CHECK.name, passed=finite,
+                            metadata={"problems": dg.MetadataValue.json(problems)}),
+        dg.AssetCheckResult(check_name=CONTAMINATION_CHECK.name, passed=audit["passed"],
+                            metadata={"max_item_rate": audit["max_item_rate"], "limit": audit["limit"],
+                                      "item_rates": dg.MetadataValue.json(
+                                          {n: s["item_rate"] for n, s in audit["eval_sets"].items()})}),
+        dg.AssetCheckResult(check_name=IMPROVES_CHECK.name, passed=bool(beats) and all(beats.values()),
+                            severity=dg.AssetCheckSeverity.WARN, metadata={"beats_step0": dg.MetadataValue.json(beats)}),
+    ]
+
+
+def _deduplicated_texts(kiln: KilnResource, mixed: Artifact) -> list[Path]:
+    """The deduplicated `kept/` folders the mixture was built from (its manifest's inputs)."""
+    inputs = mixed.manifest()["inputs"].get("deduplicated", {})
+    folders = [kiln.storage.partition_dir("deduplicated", p) / v / "kept" for p, v in sorted(inputs.items())]
+    return [f for f in folders if (f.parent / SUCCESS).exists()]
+
+
+def _init_seed(ckpt: Artifact, kiln: KilnResource) -> int:
+    """The seed training initialised from (its resolved run config), else the configured one."""
+    resolved = ckpt.path / "resolved_config.json"
+    return json.loads(resolved.read_text())["seed"] if resolved.exists() else kiln.config.training.seed
+
+
+def _previous_report(kiln: KilnResource, data_version: str) -> Artifact | None:
+    """The latest published eval_report with other results than `data_version`.
+
+    `_LATEST` first; when it holds these very results (a rerun), the newest other complete folder.
+    """
+    try:
+        latest = kiln.storage.latest("eval_report", None)
+        if latest.data_version != data_version:
+            return latest
+    except StorageError:
+        pass
+    folder = kiln.storage.partition_dir("eval_report", None)
+    others = [p for p in folder.glob("*") if (p / SUCCESS).exists() and (p / "metrics.json").exists()
+              and p.name != data_version] if folder.exists() else []
+    if not others:
+        return None
+    newest = max(others, key=lambda p: ((p / SUCCESS).stat().st_mtime, p.name))
+    return Artifact("eval_report", "all", newest.name, newest)

@@ -7,7 +7,7 @@ import time
 
 import dagster as dg
 
-from engine.filters import apply_filters, rule_counts
+from engine.filters import apply_filters, check_keep_rate, rule_counts, signal_report, signal_report_markdown
 from engine.spark import write_parquet_sorted
 from workflows.kiln import KilnResource, markdown_table, stage
 
@@ -22,31 +22,36 @@ def filtered(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Materi
     spark = kiln.spark()
     docs_in = kiln.input("documents", context.partition_key)
     signals_in = kiln.input("quality_signals", context.partition_key)
-    kept, rejected = apply_filters(
-        spark.read.parquet(str(signals_in.path / "data")), spark.read.parquet(str(docs_in.path / "data")), cfg
-    )
+    signals_df = spark.read.parquet(str(signals_in.path / "data"))
+    kept, rejected = apply_filters(signals_df, spark.read.parquet(str(docs_in.path / "data")), cfg)
     with kiln.staging(context) as out:
         n_kept = write_parquet_sorted(kept, str(out / "kept"), "doc_id")
         n_rejected = write_parquet_sorted(rejected, str(out / "rejected"), "doc_id")
         by_rule = rule_counts(spark.read.parquet(str(out / "rejected")))
+    # Where each threshold cuts its signal, from the stored signals: nothing is recomputed.
+    report = signal_report(signals_df, cfg)
     total = n_kept + n_rejected
-    keep_rate = n_kept / total if total else 0.0
-    in_band = cfg.min_keep_rate <= keep_rate <= cfg.max_keep_rate
+    keep = check_keep_rate(n_kept, total, cfg)
     rules = [{"rule": rule, "removed": n, "share": n / total if total else 0.0}
              for rule, n in sorted(by_rule.items(), key=lambda kv: -kv[1])]
+    band = f"{cfg.min_keep_rate}..{cfg.max_keep_rate}"
     check = dg.AssetCheckResult(
         check_name=KEEP_RATE_CHECK.name,
-        passed=in_band,
-        metadata={"keep_rate": keep_rate, "band": f"{cfg.min_keep_rate}..{cfg.max_keep_rate}"},
-        description=None if in_band else f"keep rate {keep_rate:.3f} left the band {cfg.min_keep_rate}..{cfg.max_keep_rate}",
+        passed=keep["passed"],
+        metadata={"keep_rate": keep["keep_rate"], "band": band},
+        description=None if keep["passed"] else f"keep rate {keep['keep_rate']:.3f} left the band {band}",
     )
     return kiln.publish(
         context,
         out,
         inputs={"documents": docs_in, "quality_signals": signals_in},
-        counts={"documents_in": total, "kept": n_kept, "rejected": n_rejected, "keep_rate": round(keep_rate, 4),
+        counts={"documents_in": total, "kept": n_kept, "rejected": n_rejected, "keep_rate": round(keep["keep_rate"], 4),
                 **{f"removed_{rule}": n for rule, n in by_rule.items()}},
-        metadata={"removed_by_rule": dg.MetadataValue.md(markdown_table(rules))},
+        metadata={
+            "removed_by_rule": dg.MetadataValue.md(markdown_table(rules)),
+            "signal_histograms": dg.MetadataValue.md(signal_report_markdown(signals_df, cfg, report=report)),
+            "signal_report": dg.MetadataValue.json(report),
+        },
         started=started,
         check_results=[check],
     )

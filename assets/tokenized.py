@@ -17,9 +17,11 @@ def tokenized(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mater
     tok_in = kiln.input("tokenizer")
     eos_id = json.loads((tok_in.path / META_FILE).read_text())["special_ids"]["eos"]
     with kiln.staging(context) as out:
+        # The Parquet folder itself, not a DataFrame: tasks read it with pyarrow, so the text
+        # never passes through the JVM (see engine/tokenize.py).
         stats = tokenize_documents(
             spark,
-            spark.read.parquet(str(dedup_in.path / "kept")),
+            [str(dedup_in.path / "kept")],
             str(tok_in.path / "tokenizer.model"),
             str(out),
             num_shards=kiln.config.tokenized.num_shards,

@@ -20,6 +20,7 @@ import os
 import random
 import tempfile
 import threading
+from collections import Counter
 from typing import Sequence
 
 import numpy as np
@@ -70,6 +71,17 @@ def _write_initial_vectors(path: str, vocabulary: set[str], dim: int, seed: int)
             handle.write("".join(word + " " + " ".join(row) + "\n" for word, row in zip(chunk, rows)))
 
 
+def _prune_vocabulary(
+    examples: list[tuple[str, str]], min_count: int, bigram_min_count: int, max_vocabulary: int
+) -> list[tuple[str, str]]:
+    counts = Counter(token for _, line in examples for token in line.split())
+    keep = {t for t, c in counts.items() if c >= (bigram_min_count if BIGRAM_JOINER in t else min_count)}
+    if max_vocabulary and len(keep) > max_vocabulary:
+        keep = set(sorted(keep, key=lambda t: (-counts[t], t))[:max_vocabulary])
+    pruned = [(label, " ".join(t for t in line.split() if t in keep)) for label, line in examples]
+    return [(label, line) for label, line in pruned if line]
+
+
 def _roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Probability that a random positive outscores a random negative (Mann-Whitney U)."""
     import pandas as pd
@@ -92,6 +104,8 @@ def train_quality_classifier(
     dim: int = 64,
     min_count: int = 1,
     bigrams: bool = True,
+    bigram_min_count: int = 2,
+    max_vocabulary: int = 500_000,
     thread: int = 1,
     holdout: float = 0.2,
     quantize: bool = False,
@@ -100,6 +114,9 @@ def train_quality_classifier(
     """Train a fastText hq/lq classifier, write it atomically to `out_path`, report held-out metrics.
 
     A `holdout` share of each class (shuffled with `seed`) is kept out of training and scored.
+    Tokens rarer than `min_count` (bigrams: `bigram_min_count`) are dropped, and at most the
+    `max_vocabulary` most frequent are kept: the model holds one dim-float row per token
+    (500k x dim 64 = 128 MB), and bigrams grow with the corpus where fastText's hashed ones don't.
     thread=1 makes training reproducible (more threads race on shared weights, Hogwild-style);
     never use more threads than cores. quantize=True writes a much smaller .ftz-format model
     (product-quantised; `quantize_cutoff` > 0 also keeps only that many most useful rows).
@@ -123,6 +140,7 @@ def train_quality_classifier(
         splits["test"] += [(label, line) for line in lines[:n_test]]
         splits["train"] += [(label, line) for line in lines[n_test:]]
     rng.shuffle(splits["train"])
+    splits["train"] = _prune_vocabulary(splits["train"], min_count, bigram_min_count, max_vocabulary)
 
     out_dir = os.path.dirname(os.path.abspath(out_path))
     os.makedirs(out_dir, exist_ok=True)
@@ -137,7 +155,7 @@ def train_quality_classifier(
             epoch=epoch,
             lr=lr,
             dim=dim,
-            minCount=min_count,
+            minCount=1,  # already applied by _prune_vocabulary
             wordNgrams=1,  # bigrams are explicit tokens (see module docstring)
             minn=0,
             maxn=0,
@@ -172,6 +190,8 @@ def train_quality_classifier(
         "lr": lr,
         "dim": dim,
         "bigrams": bigrams,
+        "min_count": min_count,
+        "bigram_min_count": bigram_min_count,
         "seed": seed,
         "thread": thread,
         "quantized": quantize,

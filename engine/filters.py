@@ -23,7 +23,7 @@ from engine.signals import redact_pii
 # Written without spaces between words: word-length and C4 line rules do not apply to them.
 DEFAULT_UNSEGMENTED_LANGUAGES = ["zh", "ja", "th", "lo", "km", "my", "bo", "wuu", "yue"]
 
-Fraction = dict(ge=0.0, le=1.0)
+_FRACTION = dict(ge=0.0, le=1.0)  # constraints of every share-of-something field
 
 
 class FilterConfig(BaseModel):
@@ -38,7 +38,7 @@ class FilterConfig(BaseModel):
         description="lid.176 codes of the languages kept; every other language is rejected.",
     )
     min_language_score: float | None = Field(
-        0.65, **Fraction, description="Minimum lid.176 probability of the detected language (FineWeb: 0.65)."
+        0.65, **_FRACTION, description="Minimum lid.176 probability of the detected language (FineWeb: 0.65)."
     )
     unsegmented_languages: list[str] = Field(
         default_factory=lambda: list(DEFAULT_UNSEGMENTED_LANGUAGES),
@@ -58,27 +58,27 @@ class FilterConfig(BaseModel):
     max_symbol_word_ratio: float | None = Field(
         0.1, ge=0, le=10, description="Gopher: maximum '#' or ellipsis count per word."
     )
-    max_bullet_lines_frac: float | None = Field(0.9, **Fraction, description="Gopher: maximum share of lines starting with a bullet.")
-    max_ellipsis_lines_frac: float | None = Field(0.3, **Fraction, description="Gopher: maximum share of lines ending with an ellipsis.")
+    max_bullet_lines_frac: float | None = Field(0.9, **_FRACTION, description="Gopher: maximum share of lines starting with a bullet.")
+    max_ellipsis_lines_frac: float | None = Field(0.3, **_FRACTION, description="Gopher: maximum share of lines ending with an ellipsis.")
     min_alpha_words_frac: float | None = Field(
-        0.8, **Fraction, description="Gopher: minimum share of words containing an alphabetic character."
+        0.8, **_FRACTION, description="Gopher: minimum share of words containing an alphabetic character."
     )
     min_stop_words: int | None = Field(2, ge=0, description="Gopher: minimum count of English stop words (stop_word_languages only).")
 
     # Gopher repetition
-    max_dup_line_frac: float | None = Field(0.3, **Fraction, description="Gopher: maximum share of duplicated lines.")
-    max_dup_para_frac: float | None = Field(0.3, **Fraction, description="Gopher: maximum share of duplicated paragraphs.")
-    max_dup_line_char_frac: float | None = Field(0.2, **Fraction, description="Gopher: maximum share of characters in duplicated lines.")
-    max_dup_para_char_frac: float | None = Field(0.2, **Fraction, description="Gopher: maximum share of characters in duplicated paragraphs.")
-    max_top_2gram_char_frac: float | None = Field(0.20, **Fraction, description="Gopher: maximum character share of the most frequent word 2-gram.")
-    max_top_3gram_char_frac: float | None = Field(0.18, **Fraction, description="Gopher: maximum character share of the most frequent word 3-gram.")
-    max_top_4gram_char_frac: float | None = Field(0.16, **Fraction, description="Gopher: maximum character share of the most frequent word 4-gram.")
-    max_dup_5gram_char_frac: float | None = Field(0.15, **Fraction, description="Gopher: maximum character share of duplicated word 5-grams.")
-    max_dup_6gram_char_frac: float | None = Field(0.14, **Fraction, description="Gopher: maximum character share of duplicated word 6-grams.")
-    max_dup_7gram_char_frac: float | None = Field(0.13, **Fraction, description="Gopher: maximum character share of duplicated word 7-grams.")
-    max_dup_8gram_char_frac: float | None = Field(0.12, **Fraction, description="Gopher: maximum character share of duplicated word 8-grams.")
-    max_dup_9gram_char_frac: float | None = Field(0.11, **Fraction, description="Gopher: maximum character share of duplicated word 9-grams.")
-    max_dup_10gram_char_frac: float | None = Field(0.10, **Fraction, description="Gopher: maximum character share of duplicated word 10-grams.")
+    max_dup_line_frac: float | None = Field(0.3, **_FRACTION, description="Gopher: maximum share of duplicated lines.")
+    max_dup_para_frac: float | None = Field(0.3, **_FRACTION, description="Gopher: maximum share of duplicated paragraphs.")
+    max_dup_line_char_frac: float | None = Field(0.2, **_FRACTION, description="Gopher: maximum share of characters in duplicated lines.")
+    max_dup_para_char_frac: float | None = Field(0.2, **_FRACTION, description="Gopher: maximum share of characters in duplicated paragraphs.")
+    max_top_2gram_char_frac: float | None = Field(0.20, **_FRACTION, description="Gopher: maximum character share of the most frequent word 2-gram.")
+    max_top_3gram_char_frac: float | None = Field(0.18, **_FRACTION, description="Gopher: maximum character share of the most frequent word 3-gram.")
+    max_top_4gram_char_frac: float | None = Field(0.16, **_FRACTION, description="Gopher: maximum character share of the most frequent word 4-gram.")
+    max_dup_5gram_char_frac: float | None = Field(0.15, **_FRACTION, description="Gopher: maximum character share of duplicated word 5-grams.")
+    max_dup_6gram_char_frac: float | None = Field(0.14, **_FRACTION, description="Gopher: maximum character share of duplicated word 6-grams.")
+    max_dup_7gram_char_frac: float | None = Field(0.13, **_FRACTION, description="Gopher: maximum character share of duplicated word 7-grams.")
+    max_dup_8gram_char_frac: float | None = Field(0.12, **_FRACTION, description="Gopher: maximum character share of duplicated word 8-grams.")
+    max_dup_9gram_char_frac: float | None = Field(0.11, **_FRACTION, description="Gopher: maximum character share of duplicated word 9-grams.")
+    max_dup_10gram_char_frac: float | None = Field(0.10, **_FRACTION, description="Gopher: maximum character share of duplicated word 10-grams.")
 
     # C4
     c4_min_sentences: int | None = Field(
@@ -89,36 +89,36 @@ class FilterConfig(BaseModel):
 
     # FineWeb
     min_line_punct_ratio: float | None = Field(
-        0.12, **Fraction, description="FineWeb: rejected when the share of lines ending in terminal punctuation is <= this."
+        0.12, **_FRACTION, description="FineWeb: rejected when the share of lines ending in terminal punctuation is <= this."
     )
     max_short_line_ratio: float | None = Field(
-        0.67, **Fraction, description="FineWeb: rejected when the share of lines of <= 30 characters is >= this."
+        0.67, **_FRACTION, description="FineWeb: rejected when the share of lines of <= 30 characters is >= this."
     )
     max_char_dup_ratio: float | None = Field(
-        0.01, **Fraction, description="FineWeb: rejected when the share of characters in duplicated lines is >= this."
+        0.01, **_FRACTION, description="FineWeb: rejected when the share of characters in duplicated lines is >= this."
     )
     max_list_ratio: float | None = Field(
         0.3, ge=0, le=10, description="FineWeb: rejected when newlines per word is > this."
     )
     max_list_lines_frac: float | None = Field(
-        None, **Fraction, description="Reject when more than this share of lines start with a bullet or a number (off by default)."
+        None, **_FRACTION, description="Reject when more than this share of lines start with a bullet or a number (off by default)."
     )
 
     # Content
     max_badword_ratio: float | None = Field(
         0.01,
-        **Fraction,
+        **_FRACTION,
         description="Maximum share of words on the bad-word lists. C4 drops pages with any listed word, which "
         "removes disproportionately much text by and about minorities (Dodge et al. 2021); a ratio keeps "
         "pages that merely mention one.",
     )
     min_classifier_score: float | None = Field(
-        None, **Fraction, description="Minimum quality-classifier probability; None = classifier not used."
+        None, **_FRACTION, description="Minimum quality-classifier probability; None = classifier not used."
     )
 
     # Check on the outcome
-    min_keep_rate: float = Field(0.05, **Fraction, description="A run keeping less than this share of documents fails its check.")
-    max_keep_rate: float = Field(0.99, **Fraction, description="A run keeping more than this share of documents fails its check.")
+    min_keep_rate: float = Field(0.05, **_FRACTION, description="A run keeping less than this share of documents fails its check.")
+    max_keep_rate: float = Field(0.99, **_FRACTION, description="A run keeping more than this share of documents fails its check.")
 
     @model_validator(mode="after")
     def _ranges_ordered(self) -> "FilterConfig":
@@ -147,7 +147,7 @@ class FilterConfig(BaseModel):
 class Rule:
     name: str
     signal: str
-    op: str  # how the value compares with the threshold when the rule FIRES
+    op: str  # how the value compares with the threshold when the rule FIRES ("not_in": language list)
     threshold: float
     scope: str = "all"  # "all" | "segmented" (not unsegmented_languages) | "stop_words"
 
@@ -170,6 +170,8 @@ def rules(cfg: FilterConfig) -> list[Rule]:
             out.append(Rule(name, signal, op, float(threshold), scope))
 
     add("url_blocklisted", "url_blocklisted", "ge", 1.0 if cfg.drop_url_blocklisted else None)
+    # Not a threshold rule: fires when `language` is not in cfg.languages (value: its score).
+    out.append(Rule("language_not_allowed", "language_score", "not_in", math.nan))
     add("language_score", "language_score", "lt", cfg.min_language_score)
 
     add("dup_para_frac", "dup_para_frac", "gt", cfg.max_dup_para_frac)
@@ -211,11 +213,17 @@ def _value(signal: str) -> Column:
     return F.when(F.isnan(column), F.lit(None).cast("double")).otherwise(column)  # NaN = missing
 
 
+def _scopes(cfg: FilterConfig) -> dict[str, Column]:
+    """Which documents each rule scope applies to (by detected language)."""
+    language = F.col("language")
+    segmented = ~language.isin(cfg.unsegmented_languages) if cfg.unsegmented_languages else F.lit(True)
+    return {"all": F.lit(True), "segmented": segmented, "stop_words": language.isin(cfg.stop_word_languages)}
+
+
 def _rejection(cfg: FilterConfig, available: set[str]) -> Column:
     """Struct(rule, value, threshold) of the first rule that fires, null when none does."""
     language = F.col("language")
-    segmented = ~language.isin(cfg.unsegmented_languages) if cfg.unsegmented_languages else F.lit(True)
-    scopes = {"all": F.lit(True), "segmented": segmented, "stop_words": language.isin(cfg.stop_word_languages)}
+    scopes = _scopes(cfg)
 
     def reject(name: str, value: Column, threshold: float | None) -> Column:
         return F.struct(
@@ -224,11 +232,11 @@ def _rejection(cfg: FilterConfig, available: set[str]) -> Column:
             F.lit(threshold).cast("double").alias("threshold"),
         )
 
-    branches = [
-        F.when(F.col("_has_signals").isNull(), reject("missing_signals", F.lit(None).cast("double"), None)),
-        F.when(~language.isin(cfg.languages), reject("language_not_allowed", _value("language_score"), None)),
-    ]
+    branches = [F.when(F.col("_has_signals").isNull(), reject("missing_signals", F.lit(None).cast("double"), None))]
     for rule in rules(cfg):
+        if rule.name == "language_not_allowed":
+            branches.append(F.when(~language.isin(cfg.languages), reject(rule.name, _value(rule.signal), None)))
+            continue
         if rule.signal not in available:
             raise ValueError(f"signals have no column {rule.signal!r} needed by rule {rule.name!r}")
         value = _value(rule.signal)
@@ -309,6 +317,8 @@ def check_keep_rate(n_kept: int, n_total: int, cfg: FilterConfig) -> dict:
 # Reports for asset metadata
 
 _BARS = " ▁▂▃▄▅▆▇█"
+_CUT = "┃"  # where a threshold falls inside a histogram
+_SYMBOLS = {"lt": "<", "le": "≤", "gt": ">", "ge": "≥"}
 
 
 def _sparkline(counts: list[int]) -> str:
@@ -318,67 +328,119 @@ def _sparkline(counts: list[int]) -> str:
     return "".join(_BARS[math.ceil(c / top * (len(_BARS) - 1))] for c in counts)
 
 
+def _cut_position(threshold: float, low: float, high: float, bins: int) -> int:
+    """Bin boundary (0..bins) nearest the threshold, on the histogram's linear axis."""
+    if high <= low:
+        return 0 if threshold <= low else bins
+    return min(max(round((threshold - low) / (high - low) * bins), 0), bins)
+
+
+def signal_report(signals_df: DataFrame, cfg: FilterConfig, bins: int = 20) -> dict:
+    """Distribution of every signal a threshold rule reads, and where each threshold cuts it.
+
+    Returns {"documents": n, "signals": {signal: {min, max, p5, p50, p95, counts}},
+    "rules": [{rule, signal, op, threshold, scope, beyond, cut_bin}]}: `counts` is an
+    equal-width histogram from min to max, `beyond` the documents the rule alone would remove
+    (its scope applied; earlier rules ignored), `cut_bin` the bin boundary the threshold falls on.
+    Two Spark passes whatever the number of signals: bounds, quantiles and threshold counts,
+    then one grouped count of (signal, bin) pairs. Reads only the signal columns it needs.
+    """
+    active = [r for r in rules(cfg) if r.op in _OPS and r.signal in signals_df.columns and r.signal != "url_blocklisted"]
+    signals = sorted({r.signal for r in active})
+    report: dict = {"documents": 0, "signals": {}, "rules": []}
+    if not signals:
+        report["documents"] = signals_df.count()
+        return report
+    scopes = _scopes(cfg) if "language" in signals_df.columns else {}
+    values = {s: _value(s) for s in signals}
+
+    def fires(rule: Rule) -> Column:
+        hit = _OPS[rule.op](values[rule.signal], F.lit(rule.threshold))
+        return scopes.get(rule.scope, F.lit(True)) & F.coalesce(hit, F.lit(False))
+
+    stats = signals_df.agg(
+        F.count(F.lit(1)).alias("_n"),
+        *[F.min(values[s]).alias(f"{s}__min") for s in signals],
+        *[F.max(values[s]).alias(f"{s}__max") for s in signals],
+        *[F.percentile_approx(values[s], [0.05, 0.5, 0.95], 1000).alias(f"{s}__q") for s in signals],
+        *[F.sum(F.when(fires(rule), 1).otherwise(0)).alias(f"_fires{i}") for i, rule in enumerate(active)],
+    ).collect()[0]
+    report["documents"] = int(stats["_n"])
+
+    bin_structs = []
+    for s in signals:
+        low, high = stats[f"{s}__min"], stats[f"{s}__max"]
+        if low is None:  # no document has a value
+            continue
+        width = (high - low) / bins if high > low else 1.0
+        index = F.least(F.floor((values[s] - F.lit(low)) / F.lit(width)), F.lit(bins - 1)).cast("int")
+        bin_structs.append(F.struct(F.lit(s).alias("signal"), index.alias("bin")))
+    histograms: dict[str, list[int]] = {s: [0] * bins for s in signals}
+    if bin_structs:
+        pairs = signals_df.select(F.explode(F.array(*bin_structs)).alias("b")).where(F.col("b.bin").isNotNull())
+        for row in pairs.groupBy("b.signal", "b.bin").count().collect():
+            histograms[row["signal"]][row["bin"]] = int(row["count"])
+
+    for s in signals:
+        q = stats[f"{s}__q"] or [None, None, None]
+        report["signals"][s] = {
+            "min": stats[f"{s}__min"],
+            "max": stats[f"{s}__max"],
+            "p5": q[0],
+            "p50": q[1],
+            "p95": q[2],
+            "counts": histograms[s],
+        }
+    for i, rule in enumerate(active):
+        low, high = stats[f"{rule.signal}__min"], stats[f"{rule.signal}__max"]
+        report["rules"].append({
+            "rule": rule.name,
+            "signal": rule.signal,
+            "op": rule.op,
+            "threshold": rule.threshold,
+            "scope": rule.scope,
+            "beyond": int(stats[f"_fires{i}"] or 0),
+            "cut_bin": None if low is None else _cut_position(rule.threshold, low, high, bins),
+        })
+    return report
+
+
 def signal_report_markdown(
     signals_df: DataFrame,
     cfg: FilterConfig,
     rejected_df: DataFrame | None = None,
     bins: int = 20,
+    report: dict | None = None,
 ) -> str:
-    """Markdown: per-rule signal distribution (quantiles, histogram) against its threshold, and
-    the number of documents beyond it; plus rejections per rule when `rejected_df` is given.
-    Two Spark passes whatever the number of signals: bounds, quantiles and threshold counts,
-    then one grouped count of (signal, bin) pairs for the histograms."""
-    active = [r for r in rules(cfg) if r.signal in signals_df.columns and r.signal != "url_blocklisted"]
-    signals = sorted({r.signal for r in active})
+    """Markdown of `signal_report`: one row per threshold rule with the signal's quantiles, the
+    documents beyond the threshold, and a histogram (min → max) with ┃ where the threshold cuts
+    it; plus rejections per first rule fired when `rejected_df` is given."""
+    report = report if report is not None else signal_report(signals_df, cfg, bins)
+    total = report["documents"]
     lines: list[str] = []
-    if signals:
-        values = {s: _value(s) for s in signals}
-        stats = signals_df.agg(
-            F.count(F.lit(1)).alias("_n"),
-            *[F.min(values[s]).alias(f"{s}__min") for s in signals],
-            *[F.max(values[s]).alias(f"{s}__max") for s in signals],
-            *[F.percentile_approx(values[s], [0.05, 0.5, 0.95], 1000).alias(f"{s}__q") for s in signals],
-            *[
-                F.sum(F.when(_OPS[rule.op](values[rule.signal], F.lit(rule.threshold)), 1).otherwise(0)).alias(f"_fail{i}")
-                for i, rule in enumerate(active)
-            ],
-        ).collect()[0]
-        total = int(stats["_n"])
 
-        bin_structs = []
-        for s in signals:
-            low, high = stats[f"{s}__min"], stats[f"{s}__max"]
-            if low is None:
-                continue
-            width = (high - low) / bins if high > low else 1.0
-            index = F.least(F.floor((values[s] - F.lit(low)) / F.lit(width)), F.lit(bins - 1)).cast("int")
-            bin_structs.append(F.struct(F.lit(s).alias("signal"), index.alias("bin")))
-        histograms: dict[str, list[int]] = {s: [0] * bins for s in signals}
-        if bin_structs:
-            pairs = signals_df.select(F.explode(F.array(*bin_structs)).alias("b")).where(F.col("b.bin").isNotNull())
-            for row in pairs.groupBy("b.signal", "b.bin").count().collect():
-                histograms[row["signal"]][row["bin"]] = int(row["count"])
+    def fmt(v) -> str:
+        return "-" if v is None else f"{v:.3g}"
 
-        def fmt(v) -> str:
-            return "-" if v is None else f"{v:.3g}"
-
-        symbols = {"lt": "<", "le": "≤", "gt": ">", "ge": "≥"}
+    if report["rules"]:
         lines += [
             f"Documents: {total}",
             "",
-            "| rule | signal | fires when | p5 | p50 | p95 | beyond threshold | histogram (min → max) |",
+            "| rule | signal | fires when | p5 | p50 | p95 | beyond threshold | histogram (min → max, ┃ = threshold) |",
             "|---|---|---|---|---|---|---|---|",
         ]
-        for i, rule in enumerate(active):
-            q = stats[f"{rule.signal}__q"] or [None, None, None]
-            low, high = stats[f"{rule.signal}__min"], stats[f"{rule.signal}__max"]
-            histogram = "" if low is None else f"{low:.3g} `{_sparkline(histograms[rule.signal])}` {high:.3g}"
-            beyond = int(stats[f"_fail{i}"] or 0)
-            share = f"{beyond / total:.1%}" if total else "-"
-            scope = "" if rule.scope == "all" else f" ({rule.scope} only)"
+        for rule in report["rules"]:
+            sig = report["signals"][rule["signal"]]
+            histogram = ""
+            if sig["min"] is not None:
+                bars = _sparkline(sig["counts"])
+                cut = rule["cut_bin"]
+                histogram = f"{sig['min']:.3g} `{bars[:cut]}{_CUT}{bars[cut:]}` {sig['max']:.3g}"
+            share = f"{rule['beyond'] / total:.1%}" if total else "-"
+            scope = "" if rule["scope"] == "all" else f" ({rule['scope']} only)"
             lines.append(
-                f"| {rule.name}{scope} | {rule.signal} | {symbols[rule.op]} {rule.threshold:g} | {fmt(q[0])} "
-                f"| {fmt(q[1])} | {fmt(q[2])} | {beyond} ({share}) | {histogram} |"
+                f"| {rule['rule']}{scope} | {rule['signal']} | {_SYMBOLS[rule['op']]} {rule['threshold']:g} "
+                f"| {fmt(sig['p5'])} | {fmt(sig['p50'])} | {fmt(sig['p95'])} | {rule['beyond']} ({share}) | {histogram} |"
             )
     if rejected_df is not None:
         counts = rule_counts(rejected_df)

@@ -33,6 +33,7 @@ import numpy as np
 MERSENNE_PRIME = (1 << 61) - 1
 MAX_HASH = (1 << 32) - 1
 _NON_WORD = re.compile(r"\W+")
+_ASCII_NON_WORD_TO_SPACE = {c: " " for c in range(128) if not re.match(r"\w", chr(c))}
 
 # SHA-1 round constants and initial state (FIPS 180-4).
 _SHA1_K = (0x5A827999, 0x6ED9EBA1, 0x8F1BBCDC, 0xCA62C1D6)
@@ -59,6 +60,9 @@ _DOC_BATCH = 2048
 
 def normalise_for_shingles(text: str) -> str:
     """Lowercase and reduce every run of non-word characters to one space."""
+    if text.isascii():
+        # Same result as the regex for ASCII (word chars [A-Za-z0-9_]), several times faster.
+        return " ".join(text.lower().translate(_ASCII_NON_WORD_TO_SPACE).split())
     return _NON_WORD.sub(" ", text.lower()).strip()
 
 
@@ -236,24 +240,32 @@ def _permute_reference(h: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarra
     return ((x % np.uint64(MERSENNE_PRIME)) & np.uint64(MAX_HASH)).astype(np.uint32)
 
 
-def _permute_into(h: np.ndarray, a: np.ndarray, b: np.ndarray, x: np.ndarray, hi: np.ndarray, out: np.ndarray) -> None:
-    """out[k, i] = permutation k of h[i], using scratch x, hi (num_perm, len(h)) uint64.
+def _permute_into(h: np.ndarray, a: np.ndarray, b: np.ndarray, x: np.ndarray, hi: np.ndarray, out: np.ndarray) -> bool:
+    """out[k, i] = permutation k of h[i] (scratch x, hi: (num_perm, len(h)) uint64).
 
     x mod p for p = 2^61-1 is (x & p) + (x >> 61), minus p when that reaches p. The low 32
     bits of (x & p) equal those of x, so low32(x + (x >> 61)) is the answer except in the
-    subtract case, which needs bits 3..60 of x all set (probability 2^-58): such columns
-    have low32(x) >= 2^32-8, i.e. out in [2^32-8, 2^32) or [0, 7). Those rare candidates are
-    recomputed with the reference formula so the result stays exact.
+    subtract case (bits 3..60 of x all set, probability 2^-58), where it comes out as
+    0xFFFFFFFF or as 0..6 instead of one more. Returns False when the chunk holds a
+    0xFFFFFFFF, the caller's cue to redo it exactly; values 0..6 surface in the minimum.
     """
     np.multiply(a[:, None], h.astype(np.uint64)[None, :], out=x)
     x += b[:, None]
     np.right_shift(x, np.uint64(61), out=hi)
     x += hi
     np.copyto(out, x, casting="unsafe")  # truncation to the low 32 bits
-    shifted = out + np.uint32(8)
-    suspects = np.flatnonzero((shifted < np.uint32(15)).any(axis=0))
-    if len(suspects):
-        out[:, suspects] = _permute_reference(h[suspects], a, b)
+    return out.max(initial=0) != MAX_HASH
+
+
+def _segment_minima(h: np.ndarray, seg_starts: np.ndarray, a: np.ndarray, b: np.ndarray, scratch) -> np.ndarray:
+    """(num_perm, len(seg_starts)) minima of the permuted hashes over each segment of h."""
+    x, hi, out = scratch
+    exact = _permute_into(h, a, b, x, hi, out)
+    mins = np.minimum.reduceat(out, seg_starts, axis=1)
+    if not exact or mins.min(initial=MAX_HASH) < 7:
+        # Possible fold corner case (or a genuinely tiny value, p ~ 2^-29): redo exactly.
+        mins = np.minimum.reduceat(_permute_reference(h, a, b), seg_starts, axis=1)
+    return mins
 
 
 def compute_signatures(texts: list[str], num_perm: int = 112, ngram: int = 5, seed: int = 1) -> np.ndarray:
@@ -276,11 +288,10 @@ def compute_signatures(texts: list[str], num_perm: int = 112, ngram: int = 5, se
         for lo in range(0, len(hashes), _PERM_CHUNK):
             hi_idx = min(lo + _PERM_CHUNK, len(hashes))
             n = hi_idx - lo
-            _permute_into(hashes[lo:hi_idx], a, b, x[:, :n], hi[:, :n], perm[:, :n])
             # Segments: the chunk start plus every document start inside the chunk; a
             # document split across chunks is folded in with np.minimum.
             seg = np.unique(np.concatenate(([lo], doc_offsets[(doc_offsets > lo) & (doc_offsets < hi_idx)])))
-            mins = np.minimum.reduceat(perm[:, :n], seg - lo, axis=1)
+            mins = _segment_minima(hashes[lo:hi_idx], seg - lo, a, b, (x[:, :n], hi[:, :n], perm[:, :n]))
             docs = doc_lo + shingle_doc[seg]
             sig[docs] = np.minimum(sig[docs], mins.T)
     return sig

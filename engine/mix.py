@@ -508,14 +508,28 @@ def load_rows(mixed_dir: str, file: str = "train.bin") -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r").reshape(-1, width)
 
 
-def trace_sequence(mixed_dir: str, seq_index: int) -> list[dict]:
-    """Spans of training sequence `seq_index`: doc_id, doc_token_start, length, seq_offset, tokens."""
+def trace_sequence(mixed_dir: str, seq_index: int, bucket: str | None = None) -> list[dict]:
+    """Spans of training sequence `seq_index` (or of validation row `seq_index` of `bucket`):
+    doc_id, doc_token_start, length, seq_offset, tokens; in sequence order.
+
+    The span table is read with a predicate on seq_index, so only the row groups whose
+    statistics can hold it are read (spans are written in seq_index order).
+    """
     import pyarrow.parquet as pq
 
-    rows = load_rows(mixed_dir)
+    if bucket is None:
+        rows = load_rows(mixed_dir)
+        spans_file, filters = "train_spans.parquet", [("seq_index", "==", seq_index)]
+    else:
+        with open(os.path.join(mixed_dir, "manifest.json"), encoding="utf-8") as f:
+            validation = json.load(f)["validation"]
+        if bucket not in validation:
+            raise KeyError(f"no validation rows for bucket {bucket!r}; buckets: {', '.join(sorted(validation))}")
+        rows = load_rows(mixed_dir, validation[bucket]["file"])
+        spans_file, filters = "val_spans.parquet", [("bucket", "==", bucket), ("seq_index", "==", seq_index)]
     if not 0 <= seq_index < len(rows):
         raise IndexError(f"sequence {seq_index} outside 0..{len(rows) - 1}")
-    spans = pq.read_table(os.path.join(mixed_dir, "train_spans.parquet"), filters=[("seq_index", "==", seq_index)])
+    spans = pq.read_table(os.path.join(mixed_dir, spans_file), filters=filters)
     row = rows[seq_index]
     out = []
     for span in sorted(spans.to_pylist(), key=lambda s: s["seq_offset"]):

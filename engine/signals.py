@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections import Counter
 from dataclasses import dataclass
 from operator import methodcaller
 from typing import Iterable, Iterator, Sequence
@@ -229,7 +230,7 @@ def c4_signals(text: str) -> dict[str, float]:
         javascript += has_javascript
         policy += has_policy
         words = line.split()
-        if any(len(w) > C4_MAX_WORD_LENGTH for w in words):
+        if len(line) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in words):
             continue
         if "[" in line:
             line = _CITATION.sub("", line)
@@ -302,6 +303,7 @@ class BadwordMatcher:
         # Longest phrase first, so "2 girls 1 cup" is counted once, not also as "2".
         self._by_first = {k: sorted(v, key=len, reverse=True) for k, v in by_first.items()}
         self._first_tokens = frozenset(self._by_first)
+        self._phrase_starts = frozenset(k for k, v in self._by_first.items() if any(len(p) > 1 for p in v))
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_first.values())
@@ -310,18 +312,23 @@ class BadwordMatcher:
         if not self._first_tokens:
             return 0
         tokens = _BADWORD_TOKEN.findall(text.lower())
-        if self._first_tokens.isdisjoint(tokens):
+        present = self._first_tokens.intersection(tokens)
+        if not present:
             return 0
+        if self._phrase_starts.isdisjoint(present):
+            # Only single-token entries can match: plain counting, in C.
+            counts = Counter(tokens)
+            return sum(counts[token] for token in present)
         found = 0
-        i = 0
-        while i < len(tokens):
-            step = 1
-            for phrase in self._by_first.get(tokens[i], ()):
+        next_free = 0  # a matched phrase's tokens are not matched again
+        for i in [i for i, token in enumerate(tokens) if token in present]:
+            if i < next_free:
+                continue
+            for phrase in self._by_first[tokens[i]]:
                 if len(phrase) == 1 or tuple(tokens[i : i + len(phrase)]) == phrase:
                     found += 1
-                    step = len(phrase)
+                    next_free = i + len(phrase)
                     break
-            i += step
         return found
 
 
@@ -402,9 +409,10 @@ PII_PLACEHOLDERS = {"email": "<EMAIL>", "phone": "<PHONE>", "ip": "<IP>", "card"
 _EMAIL = re.compile(r"(?<![\w.+-])[A-Za-z0-9][A-Za-z0-9._%+-]*@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,24}(?![\w-])")
 _CARD = re.compile(r"(?<![\d-])[2-6](?:[ -]?\d){12,18}(?![\d-])")
 _OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-_IPV4 = re.compile(rf"(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)")
+# A leading (?=...) lets the regex engine skip most positions cheaply.
+_IPV4 = re.compile(rf"(?=\d)(?<![\d.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\.?\d)")
 _PHONE = re.compile(
-    r"(?<![\w+])(?:"
+    r"(?=[\d+(])(?<![\w+])(?:"
     r"\+\d{1,3}[\s.-]?(?:\(\d{1,4}\)[\s.-]?)?\d{1,4}(?:[\s.-]?\d{2,4}){1,4}"  # international, +CC ...
     r"|(?:1[\s.-]?)?\(\d{3}\)[\s.-]?\d{3}[\s.-]?\d{4}"  # (206) 543-9196
     r"|(?:1[\s.-])?\d{3}[.-]\d{3}[.-]\d{4}"  # 206-543-9196

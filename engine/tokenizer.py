@@ -1,7 +1,8 @@
 """Train the SentencePiece tokenizer on a bucket-balanced sample of the corpus.
 
 Output folder (docs/CONTRACTS.md, `tokenizer`): `tokenizer.model`, `tokenizer.vocab`,
-`token_bytes.npy`.
+`token_bytes.npy`, `training_manifest.json` (config, sample sizes and hashes, fertility) and,
+when transformers is importable, `hf/`: the same tokenizer for `AutoTokenizer.from_pretrained`.
 
 Special ids are fixed so every later stage can rely on them: unk=0, bos=1, eos=2, pad=3
 (pad is a real control id rather than -1 so fine-tuning code can batch without a sentinel).
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import logging
 import os
-from typing import Iterator, Literal
+import shutil
+from typing import Iterable, Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -26,6 +30,11 @@ UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>", "<pad>")
 WHITESPACE_PIECE = "\u2581"  # SentencePiece's visible space "▁"
 NUM_BYTE_PIECES = 256
+TRAINING_MANIFEST = "training_manifest.json"
+HF_DIR = "hf"
+UNKNOWN_LANGUAGE = "unknown"
+
+log = logging.getLogger(__name__)
 
 
 class TokenizerConfig(BaseModel):
@@ -84,6 +93,23 @@ def _stable_key(seed: int, text: str) -> bytes:
     return hashlib.blake2b(f"{seed}\x00{text}".encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
+def _sample_indices(texts_by_bucket: dict[str, list[str]], cfg: TokenizerConfig) -> dict[str, list[tuple[int, str]]]:
+    """(input position, possibly cut text) of each sampled document, per bucket."""
+    sample: dict[str, list[tuple[int, str]]] = {}
+    for bucket in sorted(texts_by_bucket):
+        texts = texts_by_bucket[bucket]
+        order = sorted((i for i, t in enumerate(texts) if t and t.strip()),
+                       key=lambda i: (_stable_key(cfg.seed, texts[i]), texts[i]))
+        chosen, budget = [], cfg.sample_chars_per_bucket
+        for i in order:
+            if budget <= 0:
+                break
+            chosen.append((i, texts[i][:budget]))
+            budget -= len(chosen[-1][1])
+        sample[bucket] = chosen
+    return sample
+
+
 def sample_bucket_texts(texts_by_bucket: dict[str, list[str]], cfg: TokenizerConfig) -> dict[str, list[str]]:
     """Up to `sample_chars_per_bucket` characters per bucket, whole documents in a seeded order.
 
@@ -91,17 +117,7 @@ def sample_bucket_texts(texts_by_bucket: dict[str, list[str]], cfg: TokenizerCon
     (the same as sorting the input and shuffling it with the seed). The last document is cut
     so every bucket contributes the same amount when it has enough text.
     """
-    sample: dict[str, list[str]] = {}
-    for bucket in sorted(texts_by_bucket):
-        texts = sorted((t for t in texts_by_bucket[bucket] if t and t.strip()), key=lambda t: (_stable_key(cfg.seed, t), t))
-        chosen, budget = [], cfg.sample_chars_per_bucket
-        for text in texts:
-            if budget <= 0:
-                break
-            chosen.append(text[:budget])
-            budget -= len(chosen[-1])
-        sample[bucket] = chosen
-    return sample
+    return {bucket: [text for _, text in chosen] for bucket, chosen in _sample_indices(texts_by_bucket, cfg).items()}
 
 
 def _split_long(paragraph: str, limit: int) -> Iterator[str]:
@@ -152,11 +168,35 @@ def _fertility(processor, texts: list[str]) -> dict[str, float]:
     }
 
 
-def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: TokenizerConfig | None = None) -> dict:
+class _HashingIterator:
+    """Passes sentences through and hashes them, so the manifest names the exact training input."""
+
+    def __init__(self, sentences: Iterable[str]):
+        self._sentences = iter(sentences)
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        sentence = next(self._sentences)
+        self.digest.update(sentence.encode("utf-8", "surrogatepass") + b"\n")
+        self.count += 1
+        return sentence
+
+
+def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: TokenizerConfig | None = None, *,
+                    languages_by_bucket: dict[str, list[str | None]] | None = None, export_hf: bool = True) -> dict:
     """Train on a bucket-balanced sample and write the `tokenizer` folder; returns metadata.
 
-    Metadata: config, special ids, vocab size, sha256 of tokenizer.model, per-bucket sample
-    size and fertility (tokens per whitespace word, measured on the sample itself).
+    `languages_by_bucket` (optional) gives the language of each input text, parallel to
+    `texts_by_bucket`; fertility is then also reported per bucket and language.
+    Metadata: config, special ids, vocab size, sha256 of tokenizer.model and of the training
+    sentences, per-bucket (and per-language) sample size and fertility (tokens per
+    whitespace word and UTF-8 bytes per token, measured on the sample itself), and the status
+    of the `hf/` export. Everything but the export status is also written to
+    `training_manifest.json`.
     The model bytes are identical on a rerun with the same input and config: SentencePiece
     training is deterministic for both model types, and the model is written through
     `model_writer` so no output path ends up inside the proto's trainer spec.
@@ -164,14 +204,17 @@ def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: To
     import sentencepiece as spm
 
     cfg = cfg or TokenizerConfig()
-    sample = sample_bucket_texts(texts_by_bucket, cfg)
+    chosen = _sample_indices(texts_by_bucket, cfg)
+    sample = {bucket: [text for _, text in docs] for bucket, docs in chosen.items()}
     if not any(sample.values()):
         raise ValueError("no non-blank text to train the tokenizer on")
+    for bucket, languages in (languages_by_bucket or {}).items():
+        if len(languages) != len(texts_by_bucket.get(bucket, ())):
+            raise ValueError(f"languages_by_bucket[{bucket!r}] is not parallel to texts_by_bucket[{bucket!r}]")
 
     model_buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter_sentences(sample, cfg.max_sentence_chars),
-        model_writer=model_buffer,
+    sentences = _HashingIterator(iter_sentences(sample, cfg.max_sentence_chars))
+    trainer_options = dict(
         model_type=cfg.model_type,
         vocab_size=cfg.vocab_size,
         byte_fallback=cfg.byte_fallback,
@@ -187,12 +230,14 @@ def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: To
         unk_piece=SPECIAL_PIECES[0], bos_piece=SPECIAL_PIECES[1], eos_piece=SPECIAL_PIECES[2], pad_piece=SPECIAL_PIECES[3],
         num_threads=cfg.num_threads,
         hard_vocab_limit=False,  # a small sample may not support the full vocab; still train
-        minloglevel=2,
     )
+    spm.SentencePieceTrainer.train(sentence_iterator=sentences, model_writer=model_buffer, minloglevel=2,
+                                   **trainer_options)
     model_bytes = model_buffer.getvalue()
 
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "tokenizer.model"), "wb") as f:
+    model_path = os.path.join(out_dir, "tokenizer.model")
+    with open(model_path, "wb") as f:
         f.write(model_bytes)
     processor = spm.SentencePieceProcessor(model_proto=model_bytes)
     with open(os.path.join(out_dir, "tokenizer.vocab"), "w", encoding="utf-8") as f:
@@ -201,11 +246,139 @@ def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: To
     token_bytes = compute_token_bytes(processor)
     np.save(os.path.join(out_dir, "token_bytes.npy"), token_bytes)
 
-    return {
-        "config": cfg.model_dump(),
+    by_language: dict[str, dict[str, list[str]]] = {}
+    if languages_by_bucket is not None:
+        for bucket, docs in chosen.items():
+            languages = languages_by_bucket.get(bucket) or [None] * len(texts_by_bucket[bucket])
+            for i, text in docs:
+                by_language.setdefault(bucket, {}).setdefault(languages[i] or UNKNOWN_LANGUAGE, []).append(text)
+
+    meta = {
+        "config": cfg.model_dump(mode="json"),
         "vocab_size": processor.get_piece_size(),
         "special_ids": {"unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID, "pad": PAD_ID},
         "model_sha256": hashlib.sha256(model_bytes).hexdigest(),
         "byte_pieces": sum(processor.is_byte(i) for i in range(processor.get_piece_size())),
         "buckets": {bucket: _fertility(processor, texts) for bucket, texts in sample.items()},
+        "languages": {bucket: {lang: _fertility(processor, texts) for lang, texts in sorted(langs.items())}
+                      for bucket, langs in sorted(by_language.items())},
+        "sample": {
+            "sentences": sentences.count,
+            "sentences_sha256": sentences.digest.hexdigest(),
+            "documents_offered": {bucket: len(texts) for bucket, texts in sorted(texts_by_bucket.items())},
+        },
+        "trainer_options": {k: v for k, v in trainer_options.items() if k != "num_threads"},
+        "sentencepiece_version": spm.__version__,
+    }
+    # Deterministic (no timings, no paths): it is part of the tokenizer's content hash.
+    with open(os.path.join(out_dir, TRAINING_MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, sort_keys=True)
+        f.write("\n")
+    if export_hf:
+        sentences_for_check = [s for s in iter_sentences(sample, cfg.max_sentence_chars)][:256]
+        meta["hf_export"] = export_hf_tokenizer(model_path, os.path.join(out_dir, HF_DIR), model_type=cfg.model_type,
+                                                user_defined_symbols=cfg.user_defined_symbols,
+                                                check_texts=sentences_for_check)
+    return meta
+
+
+# --- Hugging Face export -------------------------------------------------------------------
+
+def _bpe_merges(vocab: dict[str, int], skip: set[str]) -> list[tuple[str, str]]:
+    """Merge list of a SentencePiece BPE vocabulary: every split of a piece into two vocabulary
+    pieces, ranked by the id of the merged piece (SentencePiece orders BPE pieces by merge
+    score), ties by the ids of the halves. Same ranking as transformers' SentencePiece converter.
+    """
+    merges = []
+    for piece, piece_id in vocab.items():
+        if piece in skip:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab and left not in skip and right not in skip:
+                merges.append((piece_id, vocab[left], vocab[right], left, right))
+    merges.sort()
+    return [(left, right) for *_, left, right in merges]
+
+
+def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe",
+                        user_defined_symbols: Iterable[str] = (), check_texts: Iterable[str] = ()) -> dict:
+    """Write `out_dir` as a Llama-style Hugging Face tokenizer of the SentencePiece model.
+
+    Built from the processor's pieces (no protobuf parsing: the sentencepiece_model_pb2 of this
+    environment does not load with the installed protobuf runtime) with
+    `transformers.LlamaTokenizer(vocab=..., merges=...)` and `save_pretrained`, plus
+    `tokenizer.model` and `special_tokens_map.json`. Set to encode like SentencePiece does here:
+    no prefix space (our model has add_dummy_prefix=False, identity normalisation), no BOS or
+    EOS added (documents were tokenized without BOS, EOS is appended by the pipeline), and
+    `split_special_tokens` so the text "</s>" is plain text, as it is to SentencePiece.
+    Returns a status dict; when transformers is missing (or too old, < 5, whose LlamaTokenizer
+    is built only from a model file) the export is skipped with a log line.
+    """
+    try:
+        import inspect
+
+        import sentencepiece as spm
+        import transformers
+        from transformers import AutoTokenizer, LlamaTokenizer
+    except ImportError as error:
+        log.info("hf/ tokenizer export skipped: transformers is not importable (%s)", error)
+        return {"exported": False, "reason": f"transformers not importable: {error}"}
+    if "vocab" not in inspect.signature(LlamaTokenizer.__init__).parameters:
+        reason = f"transformers {transformers.__version__} has no LlamaTokenizer(vocab=, merges=) (needs >= 5)"
+        log.info("hf/ tokenizer export skipped: %s", reason)
+        return {"exported": False, "reason": reason}
+    if model_type != "bpe":
+        reason = f"model_type {model_type!r}: the Llama-style export covers BPE models only"
+        log.info("hf/ tokenizer export skipped: %s", reason)
+        return {"exported": False, "reason": reason}
+
+    processor = spm.SentencePieceProcessor(model_file=model_path)
+    size = processor.get_piece_size()
+    vocab = {processor.id_to_piece(i): i for i in range(size)}
+    specials = {processor.id_to_piece(i) for i in range(size) if processor.is_control(i) or processor.is_unknown(i)}
+    user_defined = list(user_defined_symbols)
+    tokenizer = LlamaTokenizer(
+        vocab=vocab,
+        merges=_bpe_merges(vocab, specials | set(user_defined)),
+        unk_token=SPECIAL_PIECES[UNK_ID], bos_token=SPECIAL_PIECES[BOS_ID], eos_token=SPECIAL_PIECES[EOS_ID],
+        pad_token=SPECIAL_PIECES[PAD_ID],
+        add_prefix_space=False, legacy=False, add_bos_token=False, add_eos_token=False,
+        split_special_tokens=True,
+    )
+    if user_defined:
+        from tokenizers import AddedToken
+
+        tokenizer.add_tokens([AddedToken(s, normalized=False, special=False) for s in user_defined])
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tokenizer.save_pretrained(out_dir)
+    shutil.copyfile(model_path, os.path.join(out_dir, "tokenizer.model"))
+    # Keys transformers 4.x reads (5.x keeps them in tokenizer.json), so older readers agree.
+    config_path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    config.update(add_bos_token=False, add_eos_token=False, legacy=False, add_prefix_space=False,
+                  split_special_tokens=True, tokenizer_class="LlamaTokenizer")
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+    special_map = {"unk_token": SPECIAL_PIECES[UNK_ID], "bos_token": SPECIAL_PIECES[BOS_ID],
+                   "eos_token": SPECIAL_PIECES[EOS_ID], "pad_token": SPECIAL_PIECES[PAD_ID]}
+    with open(os.path.join(out_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
+        json.dump(special_map, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+    # Read it back the way users will and compare with SentencePiece on the given texts.
+    reloaded = AutoTokenizer.from_pretrained(out_dir)
+    texts = list(check_texts)
+    mismatches = [t for t in texts if reloaded.encode(t, add_special_tokens=True) != processor.encode(t)]
+    if mismatches:
+        log.warning("hf/ tokenizer encodes %d of %d check texts differently from SentencePiece, e.g. %r",
+                    len(mismatches), len(texts), mismatches[0][:80])
+    return {
+        "exported": True,
+        "transformers_version": transformers.__version__,
+        "files": sorted(os.listdir(out_dir)),
+        "checked_texts": len(texts),
+        "mismatches": len(mismatches),
     }

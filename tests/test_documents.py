@@ -47,7 +47,8 @@ EXPECTED_SHARED = {
     # one page cut off 13 kB before its declared Content-Length
     "resiliparse/tests_data_clipped.warc.gz": {"truncated": 1},
     "resiliparse/tests_data_clueweb-quirk.warc.gz": {"documents": 29, "not_response": 1},
-    "resiliparse/tests_data_warcfile.warc.gz": {"documents": 16, "not_response": 34},
+    # two of its pages are a pagination bar and an empty listing: no main text (kiln extractor)
+    "resiliparse/tests_data_warcfile.warc.gz": {"documents": 14, "empty_text": 2, "not_response": 34},
 }
 DOC_KINDS = {"good", "boilerplate", "spam", "exact_dup", "near_dup"}
 MOJIBAKE = re.compile("[ÃÂÐÑ¤¥¡£¢]{2,}|\ufffd")
@@ -110,17 +111,19 @@ def test_legacy_charsets_decode_to_real_script(shared_data):
         by_charset.setdefault(doc["charset"], []).append(doc)
     assert {"cp1251", "gbk", "cp1252", "utf-8"} <= set(by_charset)
     russian = next(d for d in by_charset["cp1251"] if d["domain"] == "01spb.ru")
-    assert "О компании" in russian["text"] and _script_share(russian["text"], "[\u0400-\u04ff]") > 0.8
+    # (its headline "О компании" is dropped with every headline by the kiln extractor)
+    assert "пожарной безопасности" in russian["text"] and _script_share(russian["text"], "[\u0400-\u04ff]") > 0.8
     chinese = [d for d in by_charset["gbk"] if _script_share(d["text"], "[\u4e00-\u9fff]") > 0.5]
     assert len(chinese) >= 4
-    assert any("企业公告" in d["text"] for d in chinese)
+    assert any("耐磨板特价销售" in d["text"] for d in chinese)
     for doc in by_charset["cp1251"] + by_charset["gbk"]:
         assert not MOJIBAKE.search(doc["text"]), doc["url"]
 
     japanese, _ = _extract(warc / "tests_data_clueweb-quirk.warc.gz")
     assert {d["charset"] for d in japanese} == {"euc_jp"}
     for doc in japanese:
-        assert "吉田カバン" in doc["text"] and not MOJIBAKE.search(doc["text"])
+        # the shop's name (吉田カバン) sits in its page header, which the kiln extractor drops
+        assert "ポーター" in doc["text"] and not MOJIBAKE.search(doc["text"])
         assert _script_share(doc["text"], "[\u3040-\u30ff\u4e00-\u9fff]") > 0.5
 
 
@@ -145,7 +148,8 @@ def test_transfer_and_content_encodings_are_undone(shared_data):
     assert "Internet Assigned Numbers Authority" in chunked["text"]
     assert not re.search(r"^[0-9a-f]{2,6}$", chunked["text"], re.M)  # no chunk-size lines
     (gzipped,), _ = _extract(warcio / "test_data_example-bad-non-chunked.warc.gz")
-    assert gzipped["text"].startswith("Example Domain")
+    # the page's <h1> "Example Domain" is a headline, which the kiln extractor drops
+    assert gzipped["text"].startswith("This domain is established to be used for illustrative examples")
 
 
 def test_wget_angle_bracket_uris(shared_data):

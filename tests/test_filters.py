@@ -7,7 +7,15 @@ import pytest
 from pydantic import ValidationError
 
 from engine import signals as S
-from engine.filters import FilterConfig, apply_filters, check_keep_rate, rule_counts, rules, signal_report_markdown
+from engine.filters import (
+    FilterConfig,
+    apply_filters,
+    check_keep_rate,
+    rule_counts,
+    rules,
+    signal_report,
+    signal_report_markdown,
+)
 from engine.langid import ensure_lid_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +148,7 @@ def hand_made(spark):
         _good_signals("zh_chars", language="zh", mean_word_length=1.0, c4_sentence_count=0),
         _good_signals("dutch", language="nl", language_score=0.99),
         _good_signals("unsure", language_score=0.3),
-        _good_signals("blocked", url_blocklisted=True, word_count=10),
+        _good_signals("blocked", url_blocklisted=True, word_count=10, language="nl"),  # URL rule comes first
         _good_signals("punct_edge", line_punct_ratio=0.12),  # FineWeb rejects <= 0.12
         _good_signals("curly", c4_curly_bracket_lines=1),
         _good_signals("curly_ja", language="ja", c4_curly_bracket_lines=1),
@@ -230,6 +238,25 @@ def test_signal_report_markdown(hand_made, default_outcome):
     row = next(line for line in report.splitlines() if line.startswith("| min_words |"))
     assert "< 50" in row and "3 (" in row  # short, two_rules, blocked have 10 words
     assert "| dup_line_frac | 1 |" in report  # first-rule table
+
+
+def test_signal_report_marks_where_thresholds_cut(hand_made):
+    signals_df = hand_made[0]
+    report = signal_report(signals_df, FilterConfig(), bins=8)
+    by_rule = {r["rule"]: r for r in report["rules"]}
+    words = report["signals"]["word_count"]
+    assert (words["min"], words["max"]) == (10, 500) and sum(words["counts"]) == report["documents"]
+    assert words["counts"][0] == 3 and words["counts"][-1] == report["documents"] - 3
+    # 50 words sits 40/490 of the way from 10 to 500: boundary round(0.65) = 1 of 8
+    assert by_rule["min_words"]["cut_bin"] == 1 and by_rule["min_words"]["beyond"] == 3
+    # Scopes apply: only the English page lacks stop words; the Chinese page's short "words" are exempt.
+    assert by_rule["stop_word_count"]["beyond"] == 1
+    assert by_rule["min_mean_word_length"]["beyond"] == 0
+    # A threshold beyond the observed range cuts at the edge.
+    assert by_rule["max_words"]["cut_bin"] == 8 and by_rule["max_words"]["beyond"] == 0
+    markdown = signal_report_markdown(signals_df, FilterConfig(), report=report)
+    row = next(line for line in markdown.splitlines() if line.startswith("| min_words |"))
+    assert row.endswith("| 10 `▃┃      █` 500 |"), row  # 3 short pages, then 11 long ones
 
 
 # ---------------------------------------------------------------------------------------------

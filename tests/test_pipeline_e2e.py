@@ -137,3 +137,40 @@ def test_summary_is_printed(pipeline):
 def test_second_materialization_gives_the_same_data_versions(pipeline):
     first, second = (run["versions"] for run in pipeline["runs"])
     assert first == second
+
+
+def test_dagster_ui_shows_every_asset_materialized(pipeline):
+    """`dagster dev` (bound to 127.0.0.1) serves the graph, and every asset has a materialization."""
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    state = pipeline["state"]
+    env = {**os.environ, "KILN_STATE_DIR": str(state), "KILN_CONFIG": str(state / "pipeline.yaml"),
+           "DAGSTER_HOME": str(state / "dagster")}
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "dagster"), "dev", "-m", "workflows.definitions", "-h", "127.0.0.1",
+         "-p", str(port)], cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    query = json.dumps({"query": "{ assetNodes { assetKey { path } groupName "
+                                 "assetMaterializations(limit: 1) { runId } } }"}).encode()
+    try:
+        deadline = time.time() + 240
+        while True:
+            try:
+                request = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=query,
+                                                 headers={"Content-Type": "application/json"})
+                nodes = json.loads(urllib.request.urlopen(request, timeout=10).read())["data"]["assetNodes"]
+                break
+            except OSError:
+                assert time.time() < deadline, "dagster dev did not answer within 240 s"
+                time.sleep(3)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+    assert {n["assetKey"]["path"][0] for n in nodes} == set(ASSETS)
+    assert all(n["assetMaterializations"] for n in nodes)
+    assert {n["groupName"] for n in nodes} == {"ingest", "curate", "tokenize", "mix", "train", "evaluate"}

@@ -179,6 +179,8 @@ def test_badwords_whole_tokens(shared_data, tmp_path):
     matcher = S.BadwordMatcher(S.read_wordlists([str(wordlist)]))
     assert matcher.count("A classic class assignment.") == 0
     assert matcher.count("Ass! ASS and 2 girls 1 cup, the G-spot.") == 4
+    assert matcher.count("1 2 girls 1 cup cup 2") == 1  # the phrase once, its parts not again
+    assert S.BadwordMatcher(["ass", "spot"]).count("ass, Ass; spot. class spots") == 3
     ldnoobw = shared_data / "quality" / "wordlists" / "baselines_mappers_banlists_ldnoobw.txt"
     entries = S.read_wordlists([str(ldnoobw)])
     real = S.BadwordMatcher(entries)

@@ -122,6 +122,18 @@ def test_tokenize_is_deterministic_regardless_of_input_order(spark, tokenized, r
         assert (out / name).read_bytes() == (tmp_path / name).read_bytes(), name
 
 
+def test_empty_parquet_folder_gives_empty_shards(spark, model_path, tmp_path):
+    import pyarrow as pa
+
+    (tmp_path / "docs").mkdir()
+    pq.write_table(pa.table({"doc_id": pa.array([], pa.string()), "bucket": pa.array([], pa.string()),
+                             "text": pa.array([], pa.string())}), tmp_path / "docs" / "part-00000.parquet")
+    stats = tokenize_documents(spark, str(tmp_path / "docs"), model_path, str(tmp_path / "out"), num_shards=2, eos_id=EOS_ID)
+    assert stats["documents"] == 0 and stats["tokens"] == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "doc_index.parquet", "shard-00000.bin", "shard-00000.idx", "shard-00001.bin", "shard-00001.idx"]
+
+
 def test_refuses_a_folder_with_shards(spark, tokenized, model_path):
     out, _ = tokenized
     with pytest.raises(FileExistsError):
@@ -133,3 +145,27 @@ def test_more_shards_than_documents_gives_empty_shards(spark, rows, model_path, 
                                num_shards=4, eos_id=EOS_ID)
     assert stats["documents"] == 2
     assert sum(len(read_indexed_dataset(str(tmp_path / f"shard-{s:05d}.bin"))) for s in range(4)) == 2
+
+
+def test_parquet_input_gives_the_same_bytes_as_a_dataframe(tokenized, rows, model_path, tmp_path, spark):
+    """The asset passes Parquet folders (tasks read them with pyarrow, one per row group)."""
+    import pyarrow as pa
+
+    out, stats = tokenized
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    table = pa.table({name: [r[i] for r in rows] for i, name in enumerate(["doc_id", "bucket", "text"])})
+    pq.write_table(table.slice(0, 50), docs / "part-00000.parquet", row_group_size=16)  # several row groups
+    pq.write_table(table.slice(50), docs / "part-00001.parquet")
+    again = tokenize_documents(spark, [str(docs)], model_path, str(tmp_path / "out"), num_shards=3, eos_id=EOS_ID)
+    assert again == stats
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "out").iterdir())  # no pieces left behind
+    for name in names:
+        assert (out / name).read_bytes() == (tmp_path / "out" / name).read_bytes(), name
+
+
+def test_duplicate_doc_ids_are_an_error(spark, rows, model_path, tmp_path):
+    with pytest.raises(ValueError, match="more than once"):
+        tokenize_documents(spark, spark.createDataFrame(rows[:3] + rows[:1], DOC_SCHEMA), model_path, str(tmp_path),
+                           num_shards=2, eos_id=EOS_ID)

@@ -1,3 +1,4 @@
+import json
 import random
 
 import numpy as np
@@ -6,7 +7,7 @@ import sentencepiece as spm
 from pydantic import ValidationError
 
 from engine.tokenizer import (
-    BOS_ID, EOS_ID, PAD_ID, UNK_ID, TokenizerConfig, sample_bucket_texts, train_tokenizer,
+    BOS_ID, EOS_ID, HF_DIR, PAD_ID, TRAINING_MANIFEST, UNK_ID, TokenizerConfig, sample_bucket_texts, train_tokenizer,
 )
 
 SMALL = dict(vocab_size=1024, sample_chars_per_bucket=60_000)
@@ -36,7 +37,8 @@ def trained(corpus, tmp_path_factory):
 
 def test_writes_contract_files_and_special_ids(trained):
     out, meta, sp = trained
-    assert sorted(p.name for p in out.iterdir()) == ["token_bytes.npy", "tokenizer.model", "tokenizer.vocab"]
+    names = {"token_bytes.npy", "tokenizer.model", "tokenizer.vocab", TRAINING_MANIFEST}
+    assert {p.name for p in out.iterdir()} - {HF_DIR} == names
     assert (sp.unk_id(), sp.bos_id(), sp.eos_id(), sp.pad_id()) == (UNK_ID, BOS_ID, EOS_ID, PAD_ID)
     assert meta["vocab_size"] == sp.get_piece_size() == 1024
     vocab_lines = (out / "tokenizer.vocab").read_text(encoding="utf-8").splitlines()
@@ -91,7 +93,7 @@ def test_training_is_byte_identical_on_rerun_and_input_order(corpus, trained, tm
     out, meta, _ = trained
     shuffled = {b: random.Random(7).sample(texts, len(texts)) for b, texts in reversed(list(corpus.items()))}
     again = train_tokenizer(shuffled, str(tmp_path), TokenizerConfig(**SMALL, user_defined_symbols=["<|endoftext|>"]))
-    for name in ["tokenizer.model", "tokenizer.vocab", "token_bytes.npy"]:
+    for name in ["tokenizer.model", "tokenizer.vocab", "token_bytes.npy", TRAINING_MANIFEST]:
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
     assert again["model_sha256"] == meta["model_sha256"]
 
@@ -129,3 +131,102 @@ def test_config_rejects_invalid_values(bad):
 def test_no_text_is_an_error(tmp_path):
     with pytest.raises(ValueError):
         train_tokenizer({"web": ["", "   "]}, str(tmp_path), TokenizerConfig())
+
+
+def test_training_manifest_names_config_sample_and_hashes(trained, corpus):
+    out, meta, _ = trained
+    manifest = json.loads((out / TRAINING_MANIFEST).read_text(encoding="utf-8"))
+    assert manifest["config"] == TokenizerConfig(**SMALL, user_defined_symbols=["<|endoftext|>"]).model_dump(mode="json")
+    assert manifest["model_sha256"] == meta["model_sha256"]
+    import hashlib
+    assert manifest["model_sha256"] == hashlib.sha256((out / "tokenizer.model").read_bytes()).hexdigest()
+    assert manifest["sample"]["documents_offered"] == {b: len(t) for b, t in corpus.items()}
+    assert manifest["sample"]["sentences"] > 0 and len(manifest["sample"]["sentences_sha256"]) == 64
+    assert manifest["buckets"] == json.loads(json.dumps(meta["buckets"]))
+    assert manifest["trainer_options"]["add_dummy_prefix"] is False
+    assert manifest["trainer_options"]["normalization_rule_name"] == "identity"
+    assert "hf_export" not in manifest  # environment-dependent: reported in metadata only
+
+
+def lingua_docs(shared_data, language, per_doc=8):
+    lines = (shared_data / "langid" / "lingua_sentences" / f"{language}.txt").read_text(encoding="utf-8").splitlines()
+    return [" ".join(lines[i:i + per_doc]) for i in range(0, len(lines), per_doc)]
+
+
+def test_fertility_per_bucket_and_language(corpus, shared_data, tmp_path):
+    # A web bucket of English prose with a German minority, labelled by their source files.
+    english, german = corpus["austen"][:60], lingua_docs(shared_data, "de")[:12]
+    texts = {"web": english + german, "plays": corpus["shakespeare"]}
+    languages = {"web": ["en"] * len(english) + ["de"] * len(german), "plays": ["en"] * len(corpus["shakespeare"])}
+    cfg = TokenizerConfig(vocab_size=800, sample_chars_per_bucket=200_000)
+    meta = train_tokenizer(texts, str(tmp_path), cfg, languages_by_bucket=languages, export_hf=False)
+    assert set(meta["languages"]) == {"web", "plays"}
+    assert set(meta["languages"]["web"]) == {"en", "de"} and set(meta["languages"]["plays"]) == {"en"}
+    web = meta["languages"]["web"]
+    assert web["de"]["documents"] == len(german) and web["en"]["documents"] == len(english)
+    assert web["de"]["chars"] + web["en"]["chars"] == meta["buckets"]["web"]["chars"]
+    assert web["de"]["tokens"] + web["en"]["tokens"] == meta["buckets"]["web"]["tokens"]
+    # Trained mostly on English, the tokenizer splits the German minority into more pieces per word.
+    assert web["de"]["tokens_per_word"] > web["en"]["tokens_per_word"]
+    assert not (tmp_path / HF_DIR).exists()
+    with pytest.raises(ValueError, match="parallel"):
+        train_tokenizer(texts, str(tmp_path / "bad"), cfg, languages_by_bucket={"web": ["en"]}, export_hf=False)
+
+
+# --- Hugging Face export ---------------------------------------------------------------------
+
+EDGE_TEXTS = [
+    "plain words",
+    " leading space",  # no dummy prefix: the leading "▁" is the text's own space
+    "two  spaces,   three, \ttab and\nnew lines\n\n",
+    "Digits 1234567890, “curly quotes” — naïve café, 日本語, emoji 🎉",
+    "special-looking text </s> <s> <pad> stays text",
+    "end<|endoftext|>start",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(trained):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    out, meta, _ = trained
+    assert meta["hf_export"]["exported"] and meta["hf_export"]["mismatches"] == 0
+    return AutoTokenizer.from_pretrained(str(out / HF_DIR))
+
+
+def test_hf_export_files(trained, hf_tokenizer):
+    out, _, _ = trained
+    names = {p.name for p in (out / HF_DIR).iterdir()}
+    assert {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"} <= names
+    assert (out / HF_DIR / "tokenizer.model").read_bytes() == (out / "tokenizer.model").read_bytes()
+    config = json.loads((out / HF_DIR / "tokenizer_config.json").read_text())
+    assert config["tokenizer_class"] == "LlamaTokenizer"
+    assert config["add_bos_token"] is False and config["add_prefix_space"] is False
+    special = json.loads((out / HF_DIR / "special_tokens_map.json").read_text())
+    assert special == {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}
+    ids = (hf_tokenizer.unk_token_id, hf_tokenizer.bos_token_id, hf_tokenizer.eos_token_id, hf_tokenizer.pad_token_id)
+    assert ids == (UNK_ID, BOS_ID, EOS_ID, PAD_ID)
+    assert len(hf_tokenizer) == 1024
+
+
+@pytest.mark.parametrize("text", EDGE_TEXTS)
+def test_hf_tokenizer_encodes_like_sentencepiece(trained, hf_tokenizer, text):
+    _, _, sp = trained
+    ids = hf_tokenizer(text)["input_ids"]  # default call: no BOS/EOS added, as in the tokenized shards
+    assert ids == sp.encode(text)
+    assert hf_tokenizer.decode(ids) == text == sp.decode(ids)
+
+
+def test_hf_tokenizer_encodes_corpus_documents_like_sentencepiece(trained, hf_tokenizer, corpus):
+    _, _, sp = trained
+    documents = [text for texts in corpus.values() for text in texts]
+    assert hf_tokenizer(documents)["input_ids"] == sp.encode(documents)
+
+
+def test_hf_export_is_deterministic(corpus, trained, tmp_path):
+    pytest.importorskip("transformers")
+    out, _, _ = trained
+    train_tokenizer(corpus, str(tmp_path), TokenizerConfig(**SMALL, user_defined_symbols=["<|endoftext|>"]))
+    for path in sorted((out / HF_DIR).iterdir()):
+        assert (tmp_path / HF_DIR / path.name).read_bytes() == path.read_bytes(), path.name

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +21,11 @@ from training.evaluate import evaluate, summarize
 from training.export import (
     EMBED, LM_HEAD, hf_config, load_exported, model_config_from_hf, save_export,
 )
-from training.launch import _redactor, build_command, child_environment
+from training.checkpointing import problem_with, read_latest
+from training.launch import _redactor, build_command, child_environment, main as launch_main, placement
 from training.model import (
     Attention, ModelConfig, apply_rope, build_model, rope_cos_sin, weights_fingerprint,
 )
-from training.checkpointing import prune as prune_checkpoints
 from training.train import SkipGuard
 
 TINY = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=32)
@@ -244,13 +248,20 @@ def test_skip_guard_aborts_after_too_many_consecutive_skips():
         guard.record(True, step=6, loss=float("nan"), grad_norm=float("inf"))
 
 
-def test_prune_keeps_newest_and_latest(tmp_path):
-    for step in (10, 20, 30, 40):
-        (tmp_path / f"global_step{step}").mkdir()
-    (tmp_path / "latest").write_text("global_step20")  # e.g. a resumed run re-pointed latest
-    assert prune_checkpoints(tmp_path, keep_last=2) == [10]
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step20", "global_step30",
-                                                                        "global_step40"]
+def test_mfu_only_against_a_known_gpu_peak():
+    from training.hardware import memory_metrics, mfu, peak_bf16_flops
+
+    assert peak_bf16_flops("NVIDIA H200") == 989.4e12 and peak_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert peak_bf16_flops("NVIDIA H100 PCIe") == 756.5e12 and peak_bf16_flops("NVIDIA H200 NVL") == 835.5e12
+    assert peak_bf16_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_bf16_flops("NVIDIA L4") == 121e12 and peak_bf16_flops("NVIDIA L40S") == 362.05e12
+    assert peak_bf16_flops("Tesla V100-SXM2-32GB") is None
+    # 8 H100s at 40% of peak.
+    assert mfu(8 * 0.4 * 989.4e12, 8, "NVIDIA H100 80GB HBM3", bf16=True) == pytest.approx(0.4)
+    assert mfu(1e12, 1, None, bf16=False) is None  # CPU: no peak, no MFU
+    assert mfu(1e12, 1, "NVIDIA A100-SXM4-80GB", bf16=False) is None  # fp32 against a bf16 peak: no
+    assert mfu(1e12, 1, "Tesla V100-SXM2-32GB", bf16=True) is None
+    assert memory_metrics(on_gpu=False)["rss_bytes"] > 10e6
 
 
 # ---------------------------------------------------------------- evaluation
@@ -333,17 +344,30 @@ def test_hf_config_round_trip():
     assert model_config_from_hf(hf_config(cfg)) == cfg
 
 
+# Kiln's model against transformers' LlamaForCausalLM on the same fp32 weights. With the default
+# "sdpa" attention the logits come out bit-identical (transformers 5.23, CPU); "eager" attention
+# computes the softmax explicitly, in another order, and differs by up to ~2e-5 on logits of
+# magnitude ~10. HF_LOGITS_TOLERANCE covers both, and is far below any real mismatch (a wrong
+# RoPE layout, GQA mapping or tied head changes logits by O(1)).
+HF_LOGITS_TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_export_loads_in_transformers_llama_with_equal_logits(tmp_path, tied):
+def test_export_loads_in_transformers_llama_with_equal_logits(tmp_path, tied, attention):
     """The export is a real HF Llama checkpoint (names, RoPE layout, GQA, tying), not just similar."""
-    transformers = pytest.importorskip("transformers")
-    cfg = ModelConfig(**TINY, tie_embeddings=tied)
+    import transformers  # a dev dependency: this test must run, never skip
+
+    # init_std 0.2 gives activations large enough for a layout error to show in every logit.
+    cfg = ModelConfig(**TINY, tie_embeddings=tied, init_std=0.2)
     model = build_model(cfg, seed=4).eval()
     save_export(model.state_dict(), cfg, tmp_path / "export")
-    hf_model = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "export").eval()
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(
+        tmp_path / "export", attn_implementation=attention).eval()
+    assert (hf_model.lm_head.weight.data_ptr() == hf_model.model.embed_tokens.weight.data_ptr()) is tied
     ids = torch.randint(0, 64, (2, 20))
     with torch.no_grad():
-        torch.testing.assert_close(hf_model(ids).logits, model(ids), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(hf_model(ids).logits, model(ids), **HF_LOGITS_TOLERANCE)
 
 
 # ---------------------------------------------------------------- launcher
@@ -357,6 +381,68 @@ def test_build_command_targets_train_script(tmp_path):
     assert int(auto[auto.index("--master_port") + 1]) > 0
     multi = build_command(tmp_path / "run.json", num_nodes=2, hostfile="/etc/hostfile")
     assert "--hostfile" in multi and "--master_addr" not in multi
+
+
+def test_dry_run_prints_the_exact_command_and_runs_nothing(random_shards, tmp_path, capsys):
+    out = tmp_path / "out"
+    config = {"mixed_shards_dir": str(random_shards), "out_dir": str(out), "train_steps": 3}
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    assert launch_main(["--dry-run", "--num-gpus", "2", str(tmp_path / "run.json")]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0] == "[kiln] dry run: 2 ranks on localhost:2"
+    line = printed[-1]
+    assert line.startswith(f"cd {out} && ") and "--num_gpus 2 --num_nodes 1" in line
+    assert line.endswith(f"training/train.py --config {out / 'run.json'}")
+    if not torch.cuda.is_available():
+        assert "DS_ACCELERATOR=cpu" in line
+    # Only run.json (the file the command names) is written: no checkpoints, no result, no metrics.
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+    assert json.loads((out / "run.json").read_text())["train_steps"] == 3
+
+
+def test_multi_node_placement_is_checked_against_the_hostfile(tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# two GPU nodes\ngpu-a slots=8\ngpu-b slots=4  # smaller\n\ngpu-c slots=8\n")
+    assert placement(4, 2, hostfile) == {"gpu-a": 4, "gpu-b": 4}
+    with pytest.raises(ValueError, match="gpu-b \\(slots=4\\) has fewer slots"):
+        placement(8, 2, hostfile)
+    with pytest.raises(ValueError, match="lists 3 hosts"):
+        placement(1, 4, hostfile)
+    with pytest.raises(ValueError, match="needs a hostfile"):
+        placement(8, 2, None)
+    # DeepSpeed's runner would silently fall back to this machine; Kiln refuses.
+    with pytest.raises(FileNotFoundError):
+        placement(8, 2, tmp_path / "missing")
+    (tmp_path / "bad").write_text("gpu-a 8\n")
+    with pytest.raises(ValueError, match="slots="):
+        placement(8, 1, tmp_path / "bad")
+
+
+def test_dry_run_of_a_multi_node_launch(random_shards, tmp_path, capsys):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-1 slots=8\nnode-2 slots=8\n")
+    config = {"mixed_shards_dir": str(random_shards), "out_dir": str(tmp_path / "out")}
+    (tmp_path / "run.json").write_text(json.dumps(config))
+    assert launch_main(["--dry-run", "--num-gpus", "8", "--num-nodes", "2", "--hostfile", str(hostfile),
+                        str(tmp_path / "run.json")]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0] == "[kiln] dry run: 16 ranks on node-1:8, node-2:8"
+    assert "--num_gpus 8 --num_nodes 2 --master_port" in printed[-1]
+    assert f"--hostfile {hostfile}" in printed[-1] and "--master_addr" not in printed[-1]
+
+
+def test_training_package_never_imports_dagster():
+    """training/ runs standalone: neither dagster nor dagster_pipes is imported outside Pipes."""
+    code = ("import sys, training.train, training.launch, training.reporting, training.export, "
+            "training.evaluate; bad = [m for m in sys.modules if m.split('.')[0] in ('dagster', 'dagster_pipes')]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for path in Path(__file__).resolve().parents[1].joinpath("training").glob("*.py"):
+        for line in path.read_text().splitlines():
+            assert not line.strip().startswith(("import dagster", "from dagster ", "from dagster.")), (path, line)
 
 
 def test_child_environment_is_minimal_and_output_redacted(monkeypatch):
@@ -415,6 +501,61 @@ def build_text_shards(folder: Path, seq_len: int = 64) -> tuple[Path, Path]:
 
 TRAIN_STEPS = 30
 NAN_STEP = 7
+MIXED_VERSION = "0123456789abcdef"  # stands in for the mixed_shards data version Dagster passes
+
+
+def metric_records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same_weights(export_a: Path, export_b: Path) -> None:
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(export_a / "model.safetensors")), load_file(str(export_b / "model.safetensors"))
+    assert sorted(a) == sorted(b)
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"weights differ bitwise: {different}"
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return alive
+
+
+def launch_and_kill_at_hold(config: dict, out_dir: Path, num_gpus: int, hold: str) -> list[str]:
+    """Start the real `deepspeed` launcher on `config`, wait until rank 0 reports the debug hold
+    (KILN_DEBUG_HOLD, see training/train.py), then SIGKILL the launcher and every rank at once."""
+    out_dir.mkdir(parents=True)
+    config_path = out_dir / "run.json"
+    config_path.write_text(json.dumps({**config, "out_dir": str(out_dir)}))
+    env = {**child_environment(use_cpu=not torch.cuda.is_available()), "KILN_DEBUG_HOLD": hold}
+    proc = subprocess.Popen(build_command(config_path, num_gpus=num_gpus), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, cwd=out_dir, start_new_session=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if "[kiln] debug hold" in line:
+                break
+        else:
+            pytest.fail("the run ended before reaching the hold:\n" + "\n".join(lines[-40:]))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher, the per-node launcher and the ranks
+        proc.wait()
+        proc.stdout.close()
+    deadline = time.time() + 30
+    while _live_group_members(proc.pid):
+        assert time.time() < deadline, f"processes survived SIGKILL: {_live_group_members(proc.pid)}"
+        time.sleep(0.2)
+    return lines
 
 
 @pytest.fixture(scope="module")
@@ -430,8 +571,9 @@ def two_rank_run(tmp_path_factory):
         "train_steps": TRAIN_STEPS, "micro_batch_size": 8, "grad_accum_steps": 2,
         "lr": 3e-3, "warmup_steps": 5, "min_lr_ratio": 0.1, "checkpoint_every": 10, "keep_last": 2,
         "debug_nan_loss_steps": [NAN_STEP],
+        "data_versions": {"mixed_shards": MIXED_VERSION},
         "mlflow": {"tracking_uri": f"sqlite:///{root / 'mlflow.db'}", "experiment": "kiln-test",
-                   "run_name": "tiny-2rank", "tags": {"kiln.test": "yes"}},
+                   "run_name": "tiny-2rank", "tags": {"kiln.test": "yes"}, "system_metrics_interval_s": 1},
         # Partition every parameter (the default keeps small ones whole), so ZeRO-3 really shards.
         "deepspeed": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
     }
@@ -448,21 +590,33 @@ def test_two_rank_zero3_run(two_rank_run):
     assert result["tokens"] == TRAIN_STEPS * 8 * 2 * 2 * 64
     assert result["final_loss"] < 0.5 * result["first_loss"]
 
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    records = metric_records(out)
     assert [r["step"] for r in records] == list(range(1, TRAIN_STEPS + 1))
-    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "flops_per_s", "skipped"} <= set(records[0])
+    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "flops_per_s", "skipped", "skipped_steps",
+            "rss_bytes"} <= set(records[0])
+    # CPU: achieved FLOP/s only; an MFU needs a known peak, which a CPU does not have here.
+    assert all("mfu" not in r for r in records) and result["median_mfu"] is None
+    assert all(r["flops_per_s"] > 0 and r["rss_bytes"] > 50e6 for r in records)
     # The injected NaN is skipped on both ranks: no update, and the schedule does not advance.
     assert [r["step"] for r in records if r["skipped"]] == [NAN_STEP] and result["skipped_steps"] == 1
+    assert [r["skipped_steps"] for r in records] == [0] * (NAN_STEP - 1) + [1] * (TRAIN_STEPS - NAN_STEP + 1)
     assert records[NAN_STEP - 1]["loss"] is None
     assert records[NAN_STEP]["lr"] == records[NAN_STEP - 1]["lr"]
     assert records[0]["lr"] == pytest.approx(3e-3 / 5)
     assert any("SKIPPED" in line for line in two_rank_run["log"])
 
     ckpt = out / "ckpt"
-    assert (ckpt / "latest").read_text().strip() == f"global_step{TRAIN_STEPS}"
+    assert read_latest(ckpt) == f"global_step{TRAIN_STEPS}"
     assert sorted(p.name for p in ckpt.glob("global_step*")) == ["global_step20", "global_step30"]
     names = sorted(p.name for p in (ckpt / "global_step30").iterdir())
-    assert names == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+    assert names == ["kiln_checkpoint.json"] + [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt"
+                                                for r in (0, 1) for kind in ("model", "optim")]
+    assert problem_with(ckpt / "global_step30") is None
+    # Resume and export load these with weights_only=True: no pickled code beyond two allow-listed
+    # DeepSpeed classes (the RNG states are stored as plain ints and tensors).
+    for shard in (ckpt / "global_step30").glob("*.pt"):
+        assert set(torch.serialization.get_unsafe_globals_in_checkpoint(shard)) <= {
+            "deepspeed.runtime.fp16.loss_scaler.LossScaler", "deepspeed.runtime.zero.config.ZeroStageEnum"}
     ds_config = json.loads((out / "ds_config.json").read_text())
     assert ds_config["zero_optimization"]["stage"] == 3 and ds_config["gradient_accumulation_steps"] == 2
 
@@ -477,38 +631,70 @@ def test_two_rank_zero3_run(two_rank_run):
     for bucket in ("web", "books"):
         assert trained_eval[bucket]["bits_per_byte"] < 0.6 * initial_eval[bucket]["bits_per_byte"]
 
+    # The consolidated ZeRO-3 export (tied head) is what transformers loads, with the same logits.
+    import transformers
+
+    hf_model = transformers.LlamaForCausalLM.from_pretrained(out / "export").eval()
+    ids = torch.from_numpy(np.fromfile(two_rank_run["shards"] / "val_web.bin", dtype=np.uint16)
+                           .reshape(-1, 65)[:4, :64].astype(np.int64))
+    with torch.no_grad():
+        torch.testing.assert_close(hf_model(ids).logits, model(ids), **HF_LOGITS_TOLERANCE)
+
     import mlflow
     client = mlflow.MlflowClient(two_rank_run["config"]["mlflow"]["tracking_uri"])
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["kiln.test"] == "yes"
-    assert run.data.params["model.dim"] == "128" and run.data.params["world_size"] == "2"
+    params = run.data.params
+    assert params["model.dim"] == "128" and params["world_size"] == "2" and params["optim.lr"] == "0.003"
+    assert params["batch.grad_accum_steps"] == "2" and params["data.seq_len"] == "64"
+    assert params["deepspeed.zero_optimization.stage"] == "3" and params["data.versions.mixed_shards"] == MIXED_VERSION
     history = client.get_metric_history(result["mlflow_run_id"], "loss")
     assert sorted(m.step for m in history) == [s for s in range(1, TRAIN_STEPS + 1) if s != NAN_STEP]
+    for name in ("lr", "grad_norm", "tokens_per_s", "flops_per_s", "rss_bytes", "skipped", "skipped_steps"):
+        assert len(client.get_metric_history(result["mlflow_run_id"], name)) >= TRAIN_STEPS - 1, name
+    assert "mfu" not in run.data.metrics
+    assert any(key.startswith("system/") for key in run.data.metrics), sorted(run.data.metrics)
+    [dataset_input] = run.inputs.dataset_inputs
+    assert dataset_input.dataset.name == "mixed_shards" and dataset_input.dataset.digest == MIXED_VERSION
+    assert json.loads(dataset_input.dataset.source)["uri"] == str(two_rank_run["shards"].resolve())
+    assert {t.key: t.value for t in dataset_input.tags}["mlflow.data.context"] == "training"
 
 
 @pytest.mark.slow
-def test_resume_matches_the_uninterrupted_run(two_rank_run):
-    """Cut the run back to its step-20 checkpoint and resume: steps 21-30 come out identical."""
+def test_hard_kill_mid_step_then_restart_is_bit_identical(two_rank_run):
+    """SIGKILL the launcher and both ranks in the middle of step 15 (step 10 committed, 11-14
+    done and lost), restart with the same config: every step's loss and the final weights equal
+    the uninterrupted run bit for bit."""
     from training.launch import run
 
-    resumed = two_rank_run["root"] / "resumed"
-    shutil.copytree(two_rank_run["out"], resumed)
-    shutil.rmtree(resumed / "ckpt" / "global_step30")
-    shutil.rmtree(resumed / "export")
-    (resumed / "result.json").unlink()
-    (resumed / "ckpt" / "latest").write_text("global_step20")
+    config, out = two_rank_run["config"], two_rank_run["root"] / "killed"
+    lines = launch_and_kill_at_hold(config, out, num_gpus=2, hold="step:15")
+    ckpt = out / "ckpt"
+    assert read_latest(ckpt) == "global_step10" and problem_with(ckpt / "global_step10") is None
+    assert [r["step"] for r in metric_records(out)] == list(range(1, 15))
+    assert not (out / "result.json").exists() and not (out / "export").exists()
+    assert any("debug hold: step at step 15" in line for line in lines)
 
-    lines: list[str] = []
-    result = run(two_rank_run["config"], resumed, log=lines.append)
-    assert any("resumed from" in line and "global_step20" in line for line in lines)
-    original = [json.loads(x) for x in (two_rank_run["out"] / "metrics.jsonl").read_text().splitlines()]
-    again = [json.loads(x) for x in (resumed / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in again] == list(range(1, TRAIN_STEPS + 1))
-    # Same weights, optimizer moments, LR schedule, data cursor: CPU runs are bit-reproducible.
-    for a, b in zip(original[20:], again[20:]):
-        assert (a["loss"], a["lr"], a["grad_norm"]) == (b["loss"], b["lr"], b["grad_norm"])
-    assert result["skipped_steps"] == 1 and result["first_loss"] == two_rank_run["result"]["first_loss"]
-    assert result["mlflow_run_id"] == two_rank_run["result"]["mlflow_run_id"]
+    log: list[str] = []
+    result = run(config, out, log=log.append)  # the same config, the same folder
+    assert any("resumed from" in line and "global_step10" in line for line in log)
+
+    def key(r):
+        return r["step"], r["loss"], r["lr"], r["grad_norm"], r["tokens"], r["skipped"], r["skipped_steps"]
+
+    assert [key(r) for r in metric_records(out)] == [key(r) for r in metric_records(two_rank_run["out"])]
+    assert_same_weights(two_rank_run["out"] / "export", out / "export")
+    original = two_rank_run["result"]
+    assert (result["final_loss"], result["first_loss"], result["tokens"], result["skipped_steps"]) == \
+        (original["final_loss"], original["first_loss"], original["tokens"], 1)
+
+    # The resumed process continued the killed run's MLflow run (its id was in the checkpoint).
+    import mlflow
+    client = mlflow.MlflowClient(config["mlflow"]["tracking_uri"])
+    assert client.get_run(result["mlflow_run_id"]).info.status == "FINISHED"
+    assert result["mlflow_run_id"] != original["mlflow_run_id"]
+    history = client.get_metric_history(result["mlflow_run_id"], "loss")
+    assert sorted({m.step for m in history}) == [s for s in range(1, TRAIN_STEPS + 1) if s != NAN_STEP]
 
 
 @pytest.mark.slow

@@ -12,16 +12,40 @@ complete one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import uuid
 from pathlib import Path
+from typing import Iterator
 
 COMPLETE = "kiln_checkpoint.json"
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^global_step(\d+)$")
+
+
+@contextlib.contextmanager
+def weights_only_loads() -> Iterator[None]:
+    """Every torch.load inside runs with weights_only=True, including DeepSpeed's own (its
+    checkpoint engine and zero_to_fp32 pass weights_only=False): a checkpoint folder is data, never
+    code. The two DeepSpeed classes its ZeRO-3 optimizer state pickles are allow-listed by name.
+    """
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+
+    torch.serialization.add_safe_globals([LossScaler, ZeroStageEnum])
+    before = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = before
 
 
 def tag_for(step: int) -> str:

@@ -134,7 +134,10 @@ def export_checkpoint(ckpt_dir: str | Path, export_dir: str | Path, cfg: ModelCo
     """Consolidate ZeRO shards of `ckpt_dir/<tag>` (default: the `latest` tag) into export_dir."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-    state_dict = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
+    from training.checkpointing import weights_only_loads
+
+    with weights_only_loads():
+        state_dict = get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=tag)
     return save_export(state_dict, cfg, export_dir, tokenizer_dir, metadata=metadata)
 
 

@@ -70,7 +70,10 @@ def decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    # numpy's state as plain ints: checkpoints load with weights_only=True, which refuses ndarrays.
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(), "numpy": (kind, keys.tolist(), pos, has_gauss, cached),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -78,7 +81,8 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -184,7 +188,8 @@ def train(config: dict | str | Path) -> dict | None:
             print(f"[kiln] passing over a checkpoint: {note}", flush=True)
     if resume_tag is not None:
         # A fresh engine is what load_checkpoint needs after ZeRO-3 (FIELD-NOTES); this is one.
-        load_path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=resume_tag)
+        with checkpointing.weights_only_loads():
+            load_path, client_state = engine.load_checkpoint(str(ckpt_dir), tag=resume_tag)
         if load_path is None:
             raise RuntimeError(f"{ckpt_dir / resume_tag} is committed but DeepSpeed could not load it")
         client = client_state["kiln"]

@@ -105,7 +105,12 @@ def summary(snapshots: list[str] | None = None) -> str:
         init = metrics["initial"][bucket]
         lines.append(f"Eval [{bucket:<9}] perplexity {m['perplexity']:.2f} (step 0: {init['perplexity']:.1f}), "
                      f"bits/byte {m['bits_per_byte']:.3f} (step 0: {init['bits_per_byte']:.3f})")
+    for bucket, cloze in metrics.get("cloze", {}).items():
+        if cloze["trained"]["items"]:
+            lines.append(f"Cloze [{bucket:<8}] accuracy {cloze['trained']['accuracy']:.1%} of {cloze['trained']['items']} "
+                         f"items (step 0: {cloze['initial']['accuracy']:.1%})")
     lines += [
+        f"Report:    {report.path / 'report.html'}",
         "",
         f"Outputs:   {storage.root}  (eval report: {report.path / 'report.md'})",
         "Dagster:   make ui      → http://127.0.0.1:3000",
@@ -120,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="materialize every asset on the configured snapshots and print a summary")
     sub.add_parser("validate", help="check the pipeline config and exit")
     sub.add_parser("summary", help="print the summary of the last materialization")
+    from workflows import trace as trace_command
+
+    trace_command.add_parser(sub)
     args = parser.parse_args(argv)
     try:
         from workflows.config import load_config
@@ -131,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         print("pipeline config OK")
         return 0
+    if args.command == "trace":
+        return trace_command.run(args)
     if args.command == "demo":
         started = time.time()
         materialize_all()

@@ -33,8 +33,8 @@ STAGE_CODE_VERSIONS = {
     "quality_signals": "1",
     "filtered": "1",
     "deduplicated": "1",
-    "tokenizer": "1",
-    "tokenized": "1",
+    "tokenizer": "2",  # 2: training_manifest.json, hf/ export
+    "tokenized": "2",  # 2: shard = blake2b(doc_id) % num_shards, keys-only sort
     "mixed_shards": "1",
     "checkpoints": "1",
     "eval_report": "1",
@@ -196,7 +196,11 @@ class RawCrawlConfig(Section):
 
 
 class DocumentsConfig(Section):
-    extractor: Literal["resiliparse", "trafilatura"] = Field("resiliparse", description="Main-content extractor.")
+    extractor: Literal["kiln", "resiliparse", "trafilatura"] = Field(
+        "kiln",
+        description="Main-content extractor: kiln (resiliparse plus boilerplate rules, trafilatura on pages it is "
+        "unsure about; engine/boilerplate.py), or one library alone.",
+    )
     domain_buckets: dict[str, str] = Field(
         default_factory=lambda: {"docs.reference.test": "reference"},
         description="Domain (or domain suffix) to mixture bucket; everything else goes to `default_bucket`.",
@@ -334,7 +338,9 @@ class PipelineConfig(Section):
 
 # Which config sections feed each stage's code_version.
 STAGE_SECTIONS = {
-    "raw_crawl": ["raw_crawl"],
+    # A snapshot's source is data, not code: adding a snapshot or changing the refresh cron must
+    # not mark every existing partition changed. The WARC bytes decide raw_crawl's data version.
+    "raw_crawl": [],
     "documents": ["documents"],
     "quality_classifier": ["quality_classifier"],
     "quality_signals": ["quality_signals"],
