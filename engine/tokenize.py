@@ -150,10 +150,14 @@ def read_indexed_dataset(bin_path: str) -> IndexedDataset:
 #   1. encode: each task encodes its documents (SentencePiece on Arrow batches) and appends the
 #      tokens, EOS after each document, to one piece file of its own under `<out>/.pieces/`; it
 #      returns one small key row per document (doc_id, bucket, shard, piece, offset, length).
-#   2. assemble: the driver sorts the keys by (shard, doc_id), which is the only sort, and one
-#      task per shard gathers its documents' tokens from the pieces into the Megatron shard.
+#   2. assemble: the driver sorts the keys by (shard, doc_id), which is the only sort, and each
+#      shard is gathered from the pieces (memory-mapped) into its Megatron .bin/.idx.
 # Input is either a DataFrame (text reaches Python through mapInArrow) or Parquet files, which
-# the tasks read with pyarrow themselves so the JVM never touches the text at all.
+# the tasks read with pyarrow themselves so the JVM never touches the text at all. Compared with
+# a repartition + sortWithinPartitions of the text, nothing of the text size goes through
+# Spark's shuffle files or sorter, and the token pieces are half the size of the text.
+# Measured on 2 cores (tests/benchmarks/bench_tokenize.py), what is left beyond the encode itself
+# is mostly Spark's fixed cost per job and task, not per token.
 
 # One SentencePieceProcessor per Python worker and model file; Spark reuses workers across
 # tasks, so a shard task does not pay the model load again. Keyed by mtime and size too, so a
@@ -321,7 +325,7 @@ def tokenize_documents(spark, docs, model_path: str, out_dir: str, *, num_shards
     """Tokenize documents (doc_id, bucket, text) into `num_shards` Megatron shards in `out_dir`.
 
     `docs` is a DataFrame, or one or more Parquet files or folders (what the `tokenized` asset
-    passes: the tasks then read the files with pyarrow, one task per row group). A document's
+    passes: the tasks then read the files with pyarrow, a few row groups per task). A document's
     shard is a stable hash of its doc_id and documents are sorted by doc_id inside each shard,
     so the output bytes depend only on the set of documents. The driver holds one small key row
     per document (it writes `doc_index.parquet`). `model_path` and `out_dir` must be on a
@@ -356,7 +360,9 @@ def tokenize_documents(spark, docs, model_path: str, out_dir: str, *, num_shards
                 .toArrow())
     else:
         units = parquet_units(docs)
-        streams = (sc.parallelize(units, max(1, len(units)))
+        # A few tasks per core, each over consecutive row groups: every task costs tens of ms of
+        # scheduling and worker time, which is a visible share of the work on small inputs.
+        streams = (sc.parallelize(units, min(len(units), 2 * sc.defaultParallelism))
                    .mapPartitions(_encode_parquet_task(model_path, out_dir, eos_id, dtype, num_shards))
                    .collect()) if units else []
         tables = [pa.ipc.open_stream(stream).read_all() for stream in streams]
@@ -382,11 +388,11 @@ def tokenize_documents(spark, docs, model_path: str, out_dir: str, *, num_shards
     shard_doc = np.arange(keys.num_rows, dtype=np.int64) - starts[shard]
     token_offset = exclusive - exclusive[starts[shard]] if keys.num_rows else exclusive
 
-    # Pass 2: one task per shard gathers its documents from the pieces (empty shards included).
+    # Pass 2: each task assembles whole shards from the pieces (empty shards included).
     pieces, offsets = keys.column("piece").to_numpy(), keys.column("piece_offset").to_numpy()
     plans = [(s, pieces[starts[s]:starts[s + 1]], offsets[starts[s]:starts[s + 1]], sizes[starts[s]:starts[s + 1]])
              for s in range(num_shards)]
-    sc.parallelize(plans, num_shards).mapPartitions(_assemble_task(out_dir, dtype)).collect()
+    sc.parallelize(plans, min(num_shards, 2 * sc.defaultParallelism)).mapPartitions(_assemble_task(out_dir, dtype)).collect()
     shutil.rmtree(os.path.join(out_dir, PIECES_DIR))
 
     doc_index = pa.table({

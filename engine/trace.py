@@ -161,7 +161,10 @@ def lookup_documents(lineage: Lineage, doc_ids, *, include_text: bool = False) -
         if not remaining:
             break
         f = snap.folders
-        join = lambda asset, *parts: os.path.join(f[asset], *parts) if asset in f else None  # noqa: E731
+
+        def join(asset: str, *parts: str) -> str | None:
+            return os.path.join(f[asset], *parts) if asset in f else None
+
         doc_rows = read_rows(join("documents", "data"), remaining, columns=["doc_id", *DOCUMENT_FIELDS])
         # Without a documents artifact, the tokenized index still places the document here.
         located = {r["doc_id"] for r in doc_rows} or {
