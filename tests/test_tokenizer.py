@@ -1,3 +1,4 @@
+import hashlib
 import json
 import random
 
@@ -138,7 +139,6 @@ def test_training_manifest_names_config_sample_and_hashes(trained, corpus):
     manifest = json.loads((out / TRAINING_MANIFEST).read_text(encoding="utf-8"))
     assert manifest["config"] == TokenizerConfig(**SMALL, user_defined_symbols=["<|endoftext|>"]).model_dump(mode="json")
     assert manifest["model_sha256"] == meta["model_sha256"]
-    import hashlib
     assert manifest["model_sha256"] == hashlib.sha256((out / "tokenizer.model").read_bytes()).hexdigest()
     assert manifest["sample"]["documents_offered"] == {b: len(t) for b, t in corpus.items()}
     assert manifest["sample"]["sentences"] > 0 and len(manifest["sample"]["sentences_sha256"]) == 64
