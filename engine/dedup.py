@@ -259,13 +259,6 @@ def connected_components(edges: DataFrame, max_iterations: int = 40) -> tuple[Da
 _DUPLICATES_SCHEMA = "doc_id string, cluster_id string, kept_doc_id string, reason string"
 
 
-def _size_bin(size: int) -> str:
-    if size <= 4:
-        return str(size)
-    upper = 1 << (size - 1).bit_length()
-    return f"{upper // 2 + 1}-{upper}"
-
-
 def deduplicate(
     spark: SparkSession, docs_df: DataFrame, signatures_df: DataFrame, cfg: DedupConfig | None = None
 ) -> tuple[DataFrame, DataFrame, dict]:
@@ -383,10 +376,9 @@ def _stats(duplicates: DataFrame, cfg: DedupConfig) -> dict:
     by_size = (
         per_cluster.groupBy("size").agg(F.count("*").alias("clusters"), F.sum("exact").alias("exact")).collect()
     )
-    histogram: dict[str, int] = {}
-    for row in sorted(by_size, key=lambda r: r["size"]):
-        key = _size_bin(row["size"])
-        histogram[key] = histogram.get(key, 0) + row["clusters"]
+    # Exact sizes as string keys (JSON-friendly, int()-parsable); a corpus of N documents
+    # has at most sqrt(2N) distinct cluster sizes, so the histogram stays small.
+    histogram = {str(r["size"]): int(r["clusters"]) for r in sorted(by_size, key=lambda r: r["size"])}
     removed = sum(r["clusters"] * (r["size"] - 1) for r in by_size)
     exact_removed = sum(r["exact"] for r in by_size)
 

@@ -343,9 +343,6 @@ def optimal_bands(
 
 # ----------------------------------------------------------------------------- exact duplicates
 
-_WHITESPACE = re.compile(r"\s+")
-
-
 def normalise_for_exact(text: str, *, nfc: bool = True, casefold: bool = True, collapse_whitespace: bool = True) -> str:
     """Text as compared for exact duplicates: NFC, case-folded, whitespace runs -> one space,
     ends stripped (each step switchable)."""
@@ -354,7 +351,8 @@ def normalise_for_exact(text: str, *, nfc: bool = True, casefold: bool = True, c
     if casefold:
         text = text.casefold()
     if collapse_whitespace:
-        text = _WHITESPACE.sub(" ", text).strip()
+        # str.split() uses the same Unicode whitespace as regex \s, at a quarter of the cost.
+        text = " ".join(text.split())
     return text
 
 

@@ -144,3 +144,12 @@ def test_exact_normalisation_switches():
     assert exact_hash("A b", casefold=False) != exact_hash("a b", casefold=False)
     assert exact_hash("a  b", collapse_whitespace=False) != exact_hash("a b", collapse_whitespace=False)
     assert len(exact_hash("x")) == 32
+
+
+def test_whitespace_collapse_matches_regex_definition():
+    import re
+
+    spaces = "".join(chr(c) for c in range(0x3100) if chr(c).isspace())
+    assert re.fullmatch(r"\s+", spaces)
+    text = f"a{spaces}b\x1cc  d\u3000e\u200bf"
+    assert normalise_for_exact(text, nfc=False, casefold=False) == re.sub(r"\s+", " ", text).strip()
