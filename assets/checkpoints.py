@@ -8,6 +8,7 @@ per-step metrics back and reports the final metrics, which become this materiali
 metadata. `training.dry_run` logs the exact launcher command and materializes nothing.
 """
 import hashlib
+import json
 import time
 from urllib.parse import urlsplit, urlunsplit
 
@@ -43,9 +44,9 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str | None, run_id: str | N
 
 
 def loss_curve(steps: list[dict], points: int = 50) -> str:
-    """A markdown table of at most `points` evenly spaced steps of the streamed metrics."""
+    """A markdown table of about `points` evenly spaced steps (and the last one)."""
     if not steps:
-        return "_(no steps streamed)_"
+        return "_(no steps)_"
     stride = max(1, len(steps) // points)
     chosen = steps[::stride] + ([steps[-1]] if (len(steps) - 1) % stride else [])
     rows = ["| step | loss | lr | grad_norm | tokens/s |", "|---|---|---|---|---|"]
@@ -129,7 +130,9 @@ def checkpoints(context: dg.AssetExecutionContext, kiln: KilnResource):
            if isinstance(v, (int, float, str)) and not isinstance(v, bool) and k not in _NOT_METADATA},
         **{k: v for r in reported for k, v in (r.metadata or {}).items() if k not in _NOT_METADATA},
         "steps_streamed": len(steps),
-        "loss_curve": dg.MetadataValue.md(loss_curve(steps)),
+        # From metrics.jsonl: a resumed run streams only the steps after its checkpoint.
+        "loss_curve": dg.MetadataValue.md(loss_curve(
+            [json.loads(line) for line in (work_dir / "metrics.jsonl").read_text().splitlines()])),
         "mlflow_tracking_uri": without_credentials(tracking_uri),
     }
     url = mlflow_run_url(tracking_uri, result.get("mlflow_experiment_id"), result.get("mlflow_run_id"))

@@ -10,10 +10,14 @@ Kiln: the real entry point (`training/train.py`) in its own processes, ZeRO-3, t
 gradient clipping, warmup+cosine schedule, metrics.jsonl, no MLflow, no export. Full mode
 starts it through the `deepspeed` launcher with N ranks (2 CPU ranks by default, or every
 GPU); --quick runs 1 rank as `python -m training.train` (no launcher), so it fits in a minute.
-Plain: one process, torch.optim.AdamW with the same param groups, LambdaLR with the same
+Plain: one process (started like Kiln's, same environment), torch.optim.AdamW with the same param groups, LambdaLR with the same
 schedule, clip_grad_norm_, bf16 autocast on CUDA (Kiln trains bf16 there) and fp32 on CPU.
 
 Step time is the median over the steps after `warmup` (the first steps pay one-off costs);
+the plain loop runs before and after Kiln (--quick: after only) and its median pools both blocks (each block's median
+and the load average are printed: on a shared machine, other processes move these numbers; both
+sides run with OMP_WAIT_POLICY=PASSIVE unless set, since spinning OpenMP workers slowed a plain
+2-thread loop 3-10x on a loaded 2-core machine);
 Kiln's comes from its metrics.jsonl (`step_s`, rank 0's wall time per optimizer step, which
 ends in an all-reduce so it covers every rank). ratio = kiln_step_s / plain_step_s: above 1
 is ZeRO-3's overhead (parameter all-gathers, reduce-scatters, partitioned optimizer) at this
@@ -117,6 +121,16 @@ def plain_steps(cfg: dict, ranks: int) -> list[dict]:
     return records
 
 
+def plain_steps_in_subprocess(cfg: dict, ranks: int) -> list[dict]:
+    """plain_steps in a fresh process with the environment Kiln's ranks get: equal footing."""
+    done = subprocess.run([sys.executable, __file__, "--plain-worker", json.dumps({"cfg": cfg, "ranks": ranks})],
+                          cwd=REPO, env=child_environment(use_cpu=not torch.cuda.is_available()),
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"plain loop failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def median_step_s(records: list[dict], warmup: int) -> float:
     return statistics.median(r["step_s"] for r in records[warmup:])
 
@@ -129,11 +143,19 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.plain_worker:
+        job = json.loads(args.plain_worker)
+        print(json.dumps(plain_steps(job["cfg"], job["ranks"])))
+        return
+    # OpenMP workers that spin while waiting (libgomp's default) crawl when other processes hold
+    # the cores; passive waiting keeps both sides measurable on a shared machine. Both get it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     on_gpu = torch.cuda.is_available()
     ranks = 1 if args.quick else (args.ranks or (torch.cuda.device_count() if on_gpu else 2))
-    steps = args.steps or (12 if args.quick else 40)
+    steps = args.steps or (8 if args.quick else 30)
     warmup = 3
     seq_len = args.seq_len or (128 if args.quick else 256)
     vocab = 4096
@@ -145,12 +167,18 @@ def main() -> None:
                   "train_steps": steps, "micro_batch_size": args.micro_batch, "lr": 1e-3, "warmup_steps": 2,
                   "checkpoint_every": 10**9, "keep_last": 1, "log_every": 10**9, "export": False}
         cfg = resolve_run_config({**config, "out_dir": str(tmp / "kiln")})
+        load_before = os.getloadavg()[0]
+        # One process: the plain loop gets every core (Kiln's ranks split them). It runs before and
+        # after Kiln, so a load change on a shared machine shows as two different medians.
+        plain_before = [] if args.quick else plain_steps_in_subprocess(cfg, ranks)  # --quick: after only
         kiln, kiln_wall = kiln_steps(config, tmp / "kiln", ranks, args.quick)
-        # One process: the plain loop gets every core (Kiln's ranks split them).
-        plain = plain_steps(cfg, ranks)
+        plain_after = plain_steps_in_subprocess(cfg, ranks)
+        load_after = os.getloadavg()[0]
         model_cfg = resolve_model_config(cfg)
 
-    kiln_step_s, plain_step_s = median_step_s(kiln, warmup), median_step_s(plain, warmup)
+    plain = plain_after  # same data and math both times: the loss curve is compared from one
+    kiln_step_s = median_step_s(kiln, warmup)
+    plain_step_s = statistics.median([r["step_s"] for block in (plain_before, plain_after) for r in block[warmup:]])
     tokens_per_step = args.micro_batch * ranks * seq_len
     flops_per_step = model_cfg.train_flops_per_token(seq_len) * tokens_per_step
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(kiln, plain) if a["loss"] is not None]
@@ -175,7 +203,11 @@ def main() -> None:
         "kiln_flops_per_s": round(flops_per_step / kiln_step_s),
         "plain_flops_per_s": round(flops_per_step / plain_step_s),
         "kiln_launch_wall_s": round(kiln_wall, 1),
-        "loss_max_abs_diff": round(max(diffs), 5) if diffs else None,
+        "loss_max_abs_diff": float(f"{max(diffs):.3g}") if diffs else None,
+        "plain_step_s_before_after": [round(median_step_s(block, warmup), 5) if block else None
+                                      for block in (plain_before, plain_after)],
+        "load_avg_1m_before_after": [round(load_before, 2), round(load_after, 2)],
+        "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
     }
     if on_gpu:
         summary["tokens_per_s"] = round(tokens_per_step / kiln_step_s)
