@@ -6,8 +6,9 @@ re-runs this stage alone on top of the stored `quality_signals`.
 import time
 
 import dagster as dg
+from pyspark import StorageLevel
 
-from engine.filters import apply_filters, check_keep_rate, rule_counts, signal_report, signal_report_markdown
+from engine.filters import check_keep_rate, decide, rule_counts_parquet, signal_report, signal_report_markdown, split_decisions
 from engine.spark import write_parquet_sorted
 from workflows.kiln import KilnResource, markdown_table, stage
 
@@ -23,11 +24,17 @@ def filtered(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Materi
     docs_in = kiln.input("documents", context.partition_key)
     signals_in = kiln.input("quality_signals", context.partition_key)
     signals_df = spark.read.parquet(str(signals_in.path / "data"))
-    kept, rejected = apply_filters(signals_df, spark.read.parquet(str(docs_in.path / "data")), cfg)
-    with kiln.staging(context) as out:
-        n_kept = write_parquet_sorted(kept, str(out / "kept"), "doc_id")
-        n_rejected = write_parquet_sorted(rejected, str(out / "rejected"), "doc_id")
-        by_rule = rule_counts(spark.read.parquet(str(out / "rejected")))
+    docs_df = spark.read.parquet(str(docs_in.path / "data"))
+    # Decided once, then split: the rules run on each document once for both outputs.
+    decided = decide(signals_df, docs_df, cfg).persist(StorageLevel.MEMORY_AND_DISK)
+    kept, rejected = split_decisions(decided, docs_df.columns)
+    try:
+        with kiln.staging(context) as out:
+            n_kept = write_parquet_sorted(kept, str(out / "kept"), "doc_id")
+            n_rejected = write_parquet_sorted(rejected, str(out / "rejected"), "doc_id")
+            by_rule = rule_counts_parquet(str(out / "rejected"))
+    finally:
+        decided.unpersist()
     # Where each threshold cuts its signal, from the stored signals: nothing is recomputed.
     report = signal_report(signals_df, cfg)
     total = n_kept + n_rejected

@@ -1,7 +1,7 @@
 """Keep/drop decisions on quality_signals, with the first rule that fired per document.
 
-The rules are plain Spark column expressions over the signals (no model, no text parsing);
-only the kept documents' text is touched again, to redact PII. Defaults are the published
+The rules are numpy comparisons over the stored signals, one Arrow batch at a time (no model,
+no text parsing); only the kept documents' text is touched again, to redact PII. Defaults are the published
 values: Gopher (Rae et al. 2021, Table A1), C4 (Raffel et al. 2020) and FineWeb (Penedo et al.
 2024), as datatrove implements them.
 """
@@ -13,10 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from engine.signals import redact_pii
 
@@ -152,12 +154,8 @@ class Rule:
     scope: str = "all"  # "all" | "segmented" (not unsegmented_languages) | "stop_words"
 
 
-_OPS = {
-    "lt": lambda c, t: c < t,
-    "le": lambda c, t: c <= t,
-    "gt": lambda c, t: c > t,
-    "ge": lambda c, t: c >= t,
-}
+# How a threshold rule's value compares with its threshold when the rule fires.
+_OPS = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
 
 
 def rules(cfg: FilterConfig) -> list[Rule]:
@@ -208,47 +206,120 @@ def rules(cfg: FilterConfig) -> list[Rule]:
     return out
 
 
-def _value(signal: str) -> Column:
-    column = F.col(signal).cast("double")
-    return F.when(F.isnan(column), F.lit(None).cast("double")).otherwise(column)  # NaN = missing
+def _column(pdf: pd.DataFrame, signal: str) -> np.ndarray:
+    """A signal as float64; NaN and null are both missing (NaN)."""
+    column = pdf[signal]
+    try:
+        return column.astype("float64").to_numpy()
+    except (TypeError, ValueError):
+        return pd.to_numeric(column, errors="coerce").astype("float64").to_numpy()
 
 
-def _scopes(cfg: FilterConfig) -> dict[str, Column]:
-    """Which documents each rule scope applies to (by detected language)."""
-    language = F.col("language")
-    segmented = ~language.isin(cfg.unsegmented_languages) if cfg.unsegmented_languages else F.lit(True)
-    return {"all": F.lit(True), "segmented": segmented, "stop_words": language.isin(cfg.stop_word_languages)}
+def _fire_mask(rule: Rule, values: np.ndarray, language: np.ndarray, cfg: FilterConfig) -> np.ndarray:
+    """Where threshold `rule` fires on its own, its scope applied. A missing value never fires,
+    except for the classifier rule: an unscored document cannot pass a classifier threshold."""
+    with np.errstate(invalid="ignore"):
+        fires = _OPS[rule.op](values, rule.threshold)
+    if rule.name == "classifier_score":
+        fires |= np.isnan(values)
+    if rule.scope == "segmented" and cfg.unsegmented_languages:
+        fires &= pd.notna(language) & ~np.isin(language, cfg.unsegmented_languages)
+    elif rule.scope == "stop_words":
+        fires &= pd.notna(language) & np.isin(language, cfg.stop_word_languages)
+    return fires
 
 
-def _rejection(cfg: FilterConfig, available: set[str]) -> Column:
-    """Struct(rule, value, threshold) of the first rule that fires, null when none does."""
-    language = F.col("language")
-    scopes = _scopes(cfg)
+def first_rule_fired(pdf: pd.DataFrame, cfg: FilterConfig) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+    """(rule, value, threshold) per row of a signals batch: the first rule that fires, in
+    `rules(cfg)` order, or None with NaN value and threshold when the document is kept.
 
-    def reject(name: str, value: Column, threshold: float | None) -> Column:
-        return F.struct(
-            F.lit(name).alias("rule"),
-            value.alias("value"),
-            F.lit(threshold).cast("double").alias("threshold"),
-        )
-
-    branches = [F.when(F.col("_has_signals").isNull(), reject("missing_signals", F.lit(None).cast("double"), None))]
+    Rows whose `_has_signals` column is null (a left join found no signals) are rejected as
+    "missing_signals". `language_not_allowed` reports the language score as its value and no
+    threshold. Vectorised over the batch: each rule is one numpy comparison on undecided rows.
+    """
+    n = len(pdf)
+    fired = np.full(n, -1, dtype=np.int64)
+    value = np.full(n, np.nan)
+    threshold = np.full(n, np.nan)
+    language = pdf["language"].to_numpy(dtype=object) if "language" in pdf.columns else np.full(n, None, dtype=object)
+    names = ["missing_signals"]
+    undecided = np.ones(n, dtype=bool)
+    if "_has_signals" in pdf.columns:
+        missing = pdf["_has_signals"].isna().to_numpy()
+        fired[missing] = 0
+        undecided &= ~missing
     for rule in rules(cfg):
+        if not undecided.any():
+            break
+        names.append(rule.name)
+        values = _column(pdf, rule.signal)
         if rule.name == "language_not_allowed":
-            branches.append(F.when(~language.isin(cfg.languages), reject(rule.name, _value(rule.signal), None)))
-            continue
-        if rule.signal not in available:
-            raise ValueError(f"signals have no column {rule.signal!r} needed by rule {rule.name!r}")
-        value = _value(rule.signal)
-        fires = _OPS[rule.op](value, F.lit(rule.threshold))
-        if rule.name == "classifier_score":
-            fires = fires | value.isNull()  # an unscored document cannot pass a classifier threshold
-        branches.append(F.when(scopes[rule.scope] & F.coalesce(fires, F.lit(False)), reject(rule.name, value, rule.threshold)))
-    return F.coalesce(*branches)
+            fires = pd.notna(language) & ~np.isin(language, cfg.languages)
+        else:
+            fires = _fire_mask(rule, values, language, cfg)
+        hit = fires & undecided
+        fired[hit] = len(names) - 1
+        value[hit] = values[hit]
+        threshold[hit] = rule.threshold
+        undecided &= ~hit
+    return [names[i] if i >= 0 else None for i in fired.tolist()], value, threshold
 
 
 # Signals carried into filtered/kept: what dedup and mixing need downstream.
 KEPT_SIGNALS = ("language", "language_score", "classifier_score", "minhash")
+_PII_COLUMNS = ("pii_email", "pii_phone", "pii_ip", "pii_card")
+
+
+def decide(signals_df: DataFrame, documents_df: DataFrame, cfg: FilterConfig) -> DataFrame:
+    """Every document once: its columns, the carried signals, and `rule`, `value`, `threshold`
+    (all null when kept); kept documents' text has PII replaced by <EMAIL>/<PHONE>/<IP>/<CARD>.
+
+    One join and one mapInPandas pass (`first_rule_fired` on each Arrow batch): the rules are a
+    few numpy comparisons per batch, while the same rules as one Spark expression took Spark
+    seconds of analysis and code generation in every query that used it. Only documents the
+    signals found PII in are rewritten.
+    """
+    available = set(signals_df.columns)
+    for rule in rules(cfg):
+        if rule.signal not in available:
+            raise ValueError(f"signals have no column {rule.signal!r} needed by rule {rule.name!r}")
+    carried = [name for name in KEPT_SIGNALS if name in available and name not in documents_df.columns]
+    needed = sorted({r.signal for r in rules(cfg)} | {"language"} | set(carried) | (set(_PII_COLUMNS) & available))
+    signals = signals_df.select("doc_id", *[c for c in needed if c in available]).withColumn("_has_signals", F.lit(True))
+    joined = documents_df.join(signals, on="doc_id", how="left")
+    pii_columns = [c for c in _PII_COLUMNS if c in available]
+    output_schema = T.StructType(
+        [*documents_df.schema.fields, *[signals_df.schema[c] for c in carried],
+         T.StructField("rule", T.StringType()), T.StructField("value", T.DoubleType()),
+         T.StructField("threshold", T.DoubleType())]
+    )
+    output_columns = output_schema.fieldNames()
+
+    def run(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for batch in batches:
+            rule, value, threshold = first_rule_fired(batch, cfg)
+            kept = np.array([r is None for r in rule], dtype=bool)
+            # No PII columns in the signals: every kept text is checked.
+            pii = batch[pii_columns].fillna(0).to_numpy().sum(axis=1) > 0 if pii_columns else np.ones(len(batch), bool)
+            rewrite = kept & pii
+            if rewrite.any():
+                batch.loc[rewrite, "text"] = [redact_pii(t)[0] if isinstance(t, str) else t for t in batch.loc[rewrite, "text"]]
+            batch["rule"], batch["value"], batch["threshold"] = rule, value, threshold  # NaN arrives as null
+            yield batch[output_columns]
+
+    return joined.mapInPandas(run, output_schema)
+
+
+def split_decisions(decided: DataFrame, documents_columns: list[str]) -> tuple[DataFrame, DataFrame]:
+    """(kept_df, rejected_df) of a `decide` frame; see apply_filters."""
+    carried = [c for c in KEPT_SIGNALS if c in decided.columns and c not in documents_columns]
+    kept_df = decided.where(F.col("rule").isNull()).select(*documents_columns, *carried)
+    bucket = F.col("bucket") if "bucket" in documents_columns else F.lit(None).cast("string")
+    url = F.col("url") if "url" in documents_columns else F.lit(None).cast("string")
+    rejected_df = decided.where(F.col("rule").isNotNull()).select(
+        "doc_id", url.alias("url"), bucket.alias("bucket"), "rule", "value", "threshold"
+    )
+    return kept_df, rejected_df
 
 
 def apply_filters(signals_df: DataFrame, documents_df: DataFrame, cfg: FilterConfig) -> tuple[DataFrame, DataFrame]:
@@ -257,47 +328,27 @@ def apply_filters(signals_df: DataFrame, documents_df: DataFrame, cfg: FilterCon
     kept_df: documents columns, text with PII replaced by <EMAIL>/<PHONE>/<IP>/<CARD>, plus
     language, language_score, classifier_score and minhash (when present in the signals).
     rejected_df: doc_id, url, bucket, rule, value, threshold (first rule that fired; documents
-    without signals are rejected as "missing_signals").
+    without signals are rejected as "missing_signals"). Both are computed from one `decide`
+    frame: persist it (as the filtered stage does) to run the rules once for both.
     """
-    available = set(signals_df.columns)
-    signals = signals_df.withColumn("_has_signals", F.lit(True))
-    joined = documents_df.join(signals, on="doc_id", how="left").withColumn("_rejection", _rejection(cfg, available))
-
-    bucket = F.col("bucket") if "bucket" in documents_df.columns else F.lit(None).cast("string")
-    url = F.col("url") if "url" in documents_df.columns else F.lit(None).cast("string")
-    rejected_df = joined.where(F.col("_rejection").isNotNull()).select(
-        "doc_id",
-        url.alias("url"),
-        bucket.alias("bucket"),
-        F.col("_rejection.rule").alias("rule"),
-        F.col("_rejection.value").alias("value"),
-        F.col("_rejection.threshold").alias("threshold"),
-    )
-
-    carried = [name for name in KEPT_SIGNALS if name in available and name not in documents_df.columns]
-    pii_columns = [c for c in ("pii_email", "pii_phone", "pii_ip", "pii_card") if c in available]
-    pii_total = sum((F.coalesce(F.col(c), F.lit(0)) for c in pii_columns), F.lit(0)) if pii_columns else F.lit(1)
-    kept = joined.where(F.col("_rejection").isNull()).select(
-        *documents_df.columns, *carried, pii_total.cast("long").alias("_pii")
-    )
-    output_schema = kept.drop("_pii").schema
-
-    def redact(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        for batch in batches:
-            # Only documents the signals found PII in are rewritten.
-            has_pii = batch["_pii"].to_numpy() > 0
-            if has_pii.any():
-                batch.loc[has_pii, "text"] = [redact_pii(t)[0] if isinstance(t, str) else t for t in batch.loc[has_pii, "text"]]
-            yield batch.drop(columns="_pii")
-
-    kept_df = kept.mapInPandas(redact, output_schema)
-    return kept_df, rejected_df
+    return split_decisions(decide(signals_df, documents_df, cfg), list(documents_df.columns))
 
 
 def rule_counts(rejected_df: DataFrame) -> dict[str, int]:
     """Rejections per rule, most frequent first."""
     rows = rejected_df.groupBy("rule").count().collect()
     return dict(sorted(((r["rule"], int(r["count"])) for r in rows), key=lambda kv: (-kv[1], kv[0])))
+
+
+def rule_counts_parquet(rejected_dir: str) -> dict[str, int]:
+    """rule_counts of a written `rejected` folder, read on the driver: one dictionary-encoded
+    column, milliseconds where a Spark aggregation costs a job and its query compilation."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    counts = pc.value_counts(pq.read_table(rejected_dir, columns=["rule"]).column("rule").combine_chunks())
+    pairs = ((str(item["values"]), int(item["counts"])) for item in counts.to_pylist() if item["values"] is not None)
+    return dict(sorted(pairs, key=lambda kv: (-kv[1], kv[0])))
 
 
 def check_keep_rate(n_kept: int, n_total: int, cfg: FilterConfig) -> dict:
@@ -335,6 +386,9 @@ def _cut_position(threshold: float, low: float, high: float, bins: int) -> int:
     return min(max(round((threshold - low) / (high - low) * bins), 0), bins)
 
 
+_FINE_BINS_PER_BIN = 10  # histogram resolution behind the reported quantiles
+
+
 def signal_report(signals_df: DataFrame, cfg: FilterConfig, bins: int = 20) -> dict:
     """Distribution of every signal a threshold rule reads, and where each threshold cuts it.
 
@@ -342,65 +396,91 @@ def signal_report(signals_df: DataFrame, cfg: FilterConfig, bins: int = 20) -> d
     "rules": [{rule, signal, op, threshold, scope, beyond, cut_bin}]}: `counts` is an
     equal-width histogram from min to max, `beyond` the documents the rule alone would remove
     (its scope applied; earlier rules ignored), `cut_bin` the bin boundary the threshold falls on.
-    Two Spark passes whatever the number of signals: bounds, quantiles and threshold counts,
-    then one grouped count of (signal, bin) pairs. Reads only the signal columns it needs.
+    min, max and `beyond` are exact; quantiles are the lower edge of the bin they fall in on a
+    10x finer histogram (at most (max - min) / (10 * bins) below the true value). NaN and null
+    values are missing and counted nowhere.
+
+    Two Spark passes over only the columns it needs, each a mapInPandas whose partitions return
+    small partial results (bounds and rule counts, then histograms) merged on the driver: wide
+    Spark aggregates over ~35 columns cost seconds of query compilation whatever the data size.
     """
     active = [r for r in rules(cfg) if r.op in _OPS and r.signal in signals_df.columns and r.signal != "url_blocklisted"]
     signals = sorted({r.signal for r in active})
-    report: dict = {"documents": 0, "signals": {}, "rules": []}
-    if not signals:
-        report["documents"] = signals_df.count()
-        return report
-    scopes = _scopes(cfg) if "language" in signals_df.columns else {}
-    values = {s: _value(s) for s in signals}
+    has_language = "language" in signals_df.columns
+    frame = signals_df.select(*signals, *(["language"] if has_language else []))
+    fine = bins * _FINE_BINS_PER_BIN
 
-    def fires(rule: Rule) -> Column:
-        hit = _OPS[rule.op](values[rule.signal], F.lit(rule.threshold))
-        return scopes.get(rule.scope, F.lit(True)) & F.coalesce(hit, F.lit(False))
+    def bounds(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        n, low, high = 0, {}, {}
+        fired = [0] * len(active)
+        for pdf in batches:
+            n += len(pdf)
+            language = pdf["language"].to_numpy(dtype=object) if has_language else np.full(len(pdf), None, dtype=object)
+            columns = {s: _column(pdf, s) for s in signals}
+            for s, x in columns.items():
+                x = x[~np.isnan(x)]
+                if x.size:
+                    low[s] = min(low.get(s, math.inf), float(x.min()))
+                    high[s] = max(high.get(s, -math.inf), float(x.max()))
+            for i, rule in enumerate(active):
+                fired[i] += int(_fire_mask(rule, columns[rule.signal], language, cfg).sum())
+        yield pd.DataFrame({"stats": [json.dumps({"n": n, "low": low, "high": high, "fired": fired})]})
 
-    stats = signals_df.agg(
-        F.count(F.lit(1)).alias("_n"),
-        *[F.min(values[s]).alias(f"{s}__min") for s in signals],
-        *[F.max(values[s]).alias(f"{s}__max") for s in signals],
-        *[F.percentile_approx(values[s], [0.05, 0.5, 0.95], 1000).alias(f"{s}__q") for s in signals],
-        *[F.sum(F.when(fires(rule), 1).otherwise(0)).alias(f"_fires{i}") for i, rule in enumerate(active)],
-    ).collect()[0]
-    report["documents"] = int(stats["_n"])
+    n, low, high, fired = 0, {}, {}, [0] * len(active)
+    for row in frame.mapInPandas(bounds, "stats string").collect():
+        part = json.loads(row["stats"])
+        n += part["n"]
+        fired = [a + b for a, b in zip(fired, part["fired"])]
+        for s, v in part["low"].items():
+            low[s] = min(low.get(s, math.inf), v)
+        for s, v in part["high"].items():
+            high[s] = max(high.get(s, -math.inf), v)
 
-    bin_structs = []
+    def histograms(batches: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        counts = {s: np.zeros(fine, dtype=np.int64) for s in low}
+        for pdf in batches:
+            for s in counts:
+                x = _column(pdf, s)
+                x = x[~np.isnan(x)]
+                width = (high[s] - low[s]) / fine if high[s] > low[s] else 1.0
+                index = np.minimum(np.floor((x - low[s]) / width), fine - 1).astype(np.int64)
+                counts[s] += np.bincount(index, minlength=fine)
+        yield pd.DataFrame({"stats": [json.dumps({s: c.tolist() for s, c in counts.items()})]})
+
+    fine_counts = {s: np.zeros(fine, dtype=np.int64) for s in low}
+    if low:
+        for row in frame.mapInPandas(histograms, "stats string").collect():
+            for s, c in json.loads(row["stats"]).items():
+                fine_counts[s] += np.asarray(c, dtype=np.int64)
+
+    def quantile(s: str, q: float) -> float | None:
+        if s not in low:
+            return None
+        if high[s] <= low[s]:
+            return low[s]
+        cumulative = np.cumsum(fine_counts[s])
+        index = int(np.searchsorted(cumulative, q * cumulative[-1]))
+        return low[s] + index * (high[s] - low[s]) / fine  # the fine bin's lower edge: exact for spikes at min
+
+    report: dict = {"documents": n, "signals": {}, "rules": []}
     for s in signals:
-        low, high = stats[f"{s}__min"], stats[f"{s}__max"]
-        if low is None:  # no document has a value
-            continue
-        width = (high - low) / bins if high > low else 1.0
-        index = F.least(F.floor((values[s] - F.lit(low)) / F.lit(width)), F.lit(bins - 1)).cast("int")
-        bin_structs.append(F.struct(F.lit(s).alias("signal"), index.alias("bin")))
-    histograms: dict[str, list[int]] = {s: [0] * bins for s in signals}
-    if bin_structs:
-        pairs = signals_df.select(F.explode(F.array(*bin_structs)).alias("b")).where(F.col("b.bin").isNotNull())
-        for row in pairs.groupBy("b.signal", "b.bin").count().collect():
-            histograms[row["signal"]][row["bin"]] = int(row["count"])
-
-    for s in signals:
-        q = stats[f"{s}__q"] or [None, None, None]
         report["signals"][s] = {
-            "min": stats[f"{s}__min"],
-            "max": stats[f"{s}__max"],
-            "p5": q[0],
-            "p50": q[1],
-            "p95": q[2],
-            "counts": histograms[s],
+            "min": low.get(s),
+            "max": high.get(s),
+            "p5": quantile(s, 0.05),
+            "p50": quantile(s, 0.5),
+            "p95": quantile(s, 0.95),
+            "counts": fine_counts[s].reshape(bins, _FINE_BINS_PER_BIN).sum(axis=1).tolist() if s in low else [0] * bins,
         }
     for i, rule in enumerate(active):
-        low, high = stats[f"{rule.signal}__min"], stats[f"{rule.signal}__max"]
         report["rules"].append({
             "rule": rule.name,
             "signal": rule.signal,
             "op": rule.op,
             "threshold": rule.threshold,
             "scope": rule.scope,
-            "beyond": int(stats[f"_fires{i}"] or 0),
-            "cut_bin": None if low is None else _cut_position(rule.threshold, low, high, bins),
+            "beyond": fired[i],
+            "cut_bin": _cut_position(rule.threshold, low[rule.signal], high[rule.signal], bins) if rule.signal in low else None,
         })
     return report
 

@@ -12,6 +12,7 @@ from engine.filters import (
     apply_filters,
     check_keep_rate,
     rule_counts,
+    rule_counts_parquet,
     rules,
     signal_report,
     signal_report_markdown,
@@ -196,6 +197,16 @@ def test_kept_text_is_redacted_and_carries_signals(hand_made, default_outcome):
     assert columns == [*hand_made[1].columns, "language", "language_score", "classifier_score"]
     assert kept["ok"]["text"] == "Write to <EMAIL> or call <PHONE> from <IP>, card <CARD>."
     assert kept["de_no_stop"]["text"] == "text of de_no_stop"
+
+
+def test_rule_counts_of_written_rejections(default_outcome, tmp_path):
+    from engine.spark import write_parquet_sorted
+
+    _, _, _, counts, rejected_df = default_outcome
+    write_parquet_sorted(rejected_df, str(tmp_path / "rejected"), "doc_id", num_files=2)
+    assert rule_counts_parquet(str(tmp_path / "rejected")) == counts
+    write_parquet_sorted(rejected_df.limit(0), str(tmp_path / "none"), "doc_id")
+    assert rule_counts_parquet(str(tmp_path / "none")) == {}
 
 
 def test_rules_can_be_relaxed_and_languages_changed(hand_made):
