@@ -303,15 +303,20 @@ def _bpe_merges(vocab: dict[str, int], skip: set[str]) -> list[tuple[str, str]]:
 
 def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe",
                         user_defined_symbols: Iterable[str] = (), check_texts: Iterable[str] = ()) -> dict:
-    """Write `out_dir` as a Llama-style Hugging Face tokenizer of the SentencePiece model.
+    """Write `out_dir` as a Hugging Face tokenizer of the SentencePiece model.
 
     Built from the processor's pieces (no protobuf parsing: the sentencepiece_model_pb2 of this
-    environment does not load with the installed protobuf runtime) with
-    `transformers.LlamaTokenizer(vocab=..., merges=...)` and `save_pretrained`, plus
-    `tokenizer.model` and `special_tokens_map.json`. Set to encode like SentencePiece does here:
-    no prefix space (our model has add_dummy_prefix=False, identity normalisation), no BOS or
-    EOS added (documents were tokenized without BOS, EOS is appended by the pipeline), and
-    `split_special_tokens` so the text "</s>" is plain text, as it is to SentencePiece.
+    environment does not load with the installed protobuf runtime). BPE models become a
+    Llama-style `transformers.LlamaTokenizer(vocab=..., merges=...)`; unigram models a
+    `tokenizers` Unigram model with the pieces' scores and byte fallback, in the same
+    Metaspace/ByteFallback pipeline. Both are saved with `save_pretrained`, plus `tokenizer.model`
+    and `special_tokens_map.json`, and set to encode like SentencePiece does here: no prefix space
+    (our model has add_dummy_prefix=False, identity normalisation), no BOS or EOS added (documents
+    were tokenized without BOS, EOS is appended by the pipeline), and `split_special_tokens` so
+    the text "</s>" is plain text, as it is to SentencePiece. (One known difference for unigram:
+    a literal control or byte piece such as "</s>" or "<0x41>" inside the text is one token to
+    the HF Unigram model, which cannot exclude pieces from its lattice as SentencePiece does;
+    transformers' own SentencePiece converter behaves the same. `mismatches` counts it.)
     Returns a status dict; when transformers is missing (or too old, < 5, whose LlamaTokenizer
     is built only from a model file) the export is skipped with a log line.
     """
@@ -328,24 +333,13 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
         reason = f"transformers {transformers.__version__} has no LlamaTokenizer(vocab=, merges=) (needs >= 5)"
         log.info("hf/ tokenizer export skipped: %s", reason)
         return {"exported": False, "reason": reason}
-    if model_type != "bpe":
-        reason = f"model_type {model_type!r}: the Llama-style export covers BPE models only"
-        log.info("hf/ tokenizer export skipped: %s", reason)
-        return {"exported": False, "reason": reason}
 
     processor = spm.SentencePieceProcessor(model_file=model_path)
-    size = processor.get_piece_size()
-    vocab = {processor.id_to_piece(i): i for i in range(size)}
-    specials = {processor.id_to_piece(i) for i in range(size) if processor.is_control(i) or processor.is_unknown(i)}
     user_defined = list(user_defined_symbols)
-    tokenizer = LlamaTokenizer(
-        vocab=vocab,
-        merges=_bpe_merges(vocab, specials | set(user_defined)),
-        unk_token=SPECIAL_PIECES[UNK_ID], bos_token=SPECIAL_PIECES[BOS_ID], eos_token=SPECIAL_PIECES[EOS_ID],
-        pad_token=SPECIAL_PIECES[PAD_ID],
-        add_prefix_space=False, legacy=False, add_bos_token=False, add_eos_token=False,
-        split_special_tokens=True,
-    )
+    specials = dict(unk_token=SPECIAL_PIECES[UNK_ID], bos_token=SPECIAL_PIECES[BOS_ID],
+                    eos_token=SPECIAL_PIECES[EOS_ID], pad_token=SPECIAL_PIECES[PAD_ID])
+    build = _llama_bpe_tokenizer if model_type == "bpe" else _unigram_tokenizer
+    tokenizer = build(processor, specials, user_defined)
     if user_defined:
         from tokenizers import AddedToken
 
@@ -358,14 +352,12 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
     with open(config_path, encoding="utf-8") as f:
         config = json.load(f)
     config.update(add_bos_token=False, add_eos_token=False, legacy=False, add_prefix_space=False,
-                  split_special_tokens=True, tokenizer_class="LlamaTokenizer")
+                  split_special_tokens=True, tokenizer_class=type(tokenizer).__name__)
     with open(config_path, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True, ensure_ascii=False)
         f.write("\n")
-    special_map = {"unk_token": SPECIAL_PIECES[UNK_ID], "bos_token": SPECIAL_PIECES[BOS_ID],
-                   "eos_token": SPECIAL_PIECES[EOS_ID], "pad_token": SPECIAL_PIECES[PAD_ID]}
     with open(os.path.join(out_dir, "special_tokens_map.json"), "w", encoding="utf-8") as f:
-        json.dump(special_map, f, indent=2, sort_keys=True)
+        json.dump(specials, f, indent=2, sort_keys=True)
         f.write("\n")
 
     # Read it back the way users will and compare with SentencePiece on the given texts.
@@ -377,8 +369,36 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
                     len(mismatches), len(texts), mismatches[0][:80])
     return {
         "exported": True,
+        "tokenizer_class": type(tokenizer).__name__,
         "transformers_version": transformers.__version__,
         "files": sorted(os.listdir(out_dir)),
         "checked_texts": len(texts),
         "mismatches": len(mismatches),
     }
+
+
+def _llama_bpe_tokenizer(processor, specials: dict[str, str], user_defined: list[str]):
+    from transformers import LlamaTokenizer
+
+    size = processor.get_piece_size()
+    vocab = {processor.id_to_piece(i): i for i in range(size)}
+    # Control pieces and user-defined symbols are whole pieces, never merged into or out of.
+    whole = {processor.id_to_piece(i) for i in range(size) if processor.is_control(i) or processor.is_unknown(i)}
+    return LlamaTokenizer(
+        vocab=vocab, merges=_bpe_merges(vocab, whole | set(user_defined)), **specials,
+        add_prefix_space=False, legacy=False, add_bos_token=False, add_eos_token=False,
+        split_special_tokens=True,
+    )
+
+
+def _unigram_tokenizer(processor, specials: dict[str, str], user_defined: list[str]):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    size = processor.get_piece_size()
+    pieces = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(size)]
+    backend = Tokenizer(models.Unigram(pieces, unk_id=UNK_ID, byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=False)
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials.values()])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **specials, split_special_tokens=True)

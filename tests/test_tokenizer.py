@@ -230,3 +230,20 @@ def test_hf_export_is_deterministic(corpus, trained, tmp_path):
     train_tokenizer(corpus, str(tmp_path), TokenizerConfig(**SMALL, user_defined_symbols=["<|endoftext|>"]))
     for path in sorted((out / HF_DIR).iterdir()):
         assert (tmp_path / HF_DIR / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def test_unigram_hf_export_encodes_like_sentencepiece(corpus, tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    cfg = TokenizerConfig(model_type="unigram", vocab_size=800, sample_chars_per_bucket=30_000,
+                          user_defined_symbols=["<|endoftext|>"])
+    meta = train_tokenizer(corpus, str(tmp_path), cfg)
+    assert meta["hf_export"]["exported"] and meta["hf_export"]["mismatches"] == 0
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / HF_DIR))
+    assert (hf.unk_token_id, hf.bos_token_id, hf.eos_token_id, hf.pad_token_id) == (UNK_ID, BOS_ID, EOS_ID, PAD_ID)
+    # Literal control pieces in the text are the documented unigram difference (see export_hf_tokenizer).
+    texts = [t for t in EDGE_TEXTS if "</s>" not in t] + [t for texts in corpus.values() for t in texts]
+    assert hf(texts)["input_ids"] == sp.encode(texts)
+    assert [hf.decode(ids) for ids in sp.encode(texts)] == texts
