@@ -34,7 +34,8 @@ test-quick: $(VENV)/.eval-extra
 	$(BIN)/python -m pytest -q -m "not slow"
 
 ui: install
-	@mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
+	@# $(DAGSTER_HOME)/dagster.yaml: sqlite, or Postgres when DAGSTER_PG_HOST/USER/DB (+PASSWORD, PORT) are set.
+	@$(BIN)/python -m workflows.instance >/dev/null
 	$(BIN)/dagster dev -m workflows.definitions -h 127.0.0.1 -p 3000
 
 mlflow: install

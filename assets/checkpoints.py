@@ -92,6 +92,8 @@ def checkpoints(context: dg.AssetExecutionContext, kiln: KilnResource):
             "run_name": f"checkpoints-{run_key[:8]}",
             "tags": {
                 "dagster_run_id": context.run.run_id,
+                **({"dagster_run_url": f"{kiln.config.mlflow.dagster_ui_url.rstrip('/')}/runs/{context.run.run_id}"}
+                   if kiln.config.mlflow.dagster_ui_url else {}),
                 "git_commit": git_commit(),
                 "mixed_shards_data_version": mixed.data_version,
                 "tokenizer_data_version": tok.data_version,

@@ -23,7 +23,7 @@ from engine.report import (
 from training.evaluate import evaluate_checkpoint
 from workflows.config import resolve_path
 from workflows.kiln import KilnResource, git_commit, stage
-from workflows.storage import SUCCESS, Artifact, StorageError, content_hash
+from workflows.storage import Artifact, StorageError, content_hash
 
 FINITE_CHECK = dg.AssetCheckSpec("metrics_finite", asset="eval_report", blocking=True,
                                  description="Every held-out bucket has finite loss, perplexity and bits per byte "
@@ -86,8 +86,8 @@ def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mat
         context, out, inputs={"checkpoints": ckpt, "mixed_shards": mixed, "tokenizer": tok},
         counts={f"{name}_{b}": m[name] for b, m in metrics["trained"].items() for name in ("bits_per_byte", "perplexity")},
         metadata={"report": dg.MetadataValue.md(report.summary),
-                  "report_html": dg.MetadataValue.path(str(kiln.storage.partition_dir("eval_report", None)
-                                                           / data_version / "report.html")),
+                  "report_html": dg.MetadataValue.path(kiln.storage.uri("eval_report", None, data_version)
+                                                       + "/report.html"),
                   "previous_report": previous.data_version if previous else "",
                   "mlflow_eval_run_id": eval_run_id, "lm_eval": metrics["lm_eval"]["status"],
                   **{k.replace("/", "_"): v for k, v in numbers.items()}},
@@ -114,8 +114,13 @@ def _check_results(metrics: dict, manifest: dict) -> list[dg.AssetCheckResult]:
 def _deduplicated_texts(kiln: KilnResource, mixed: Artifact) -> list[Path]:
     """The deduplicated `kept/` folders the mixture was built from (its manifest's inputs)."""
     inputs = mixed.manifest()["inputs"].get("deduplicated", {})
-    folders = [kiln.storage.partition_dir("deduplicated", p) / v / "kept" for p, v in sorted(inputs.items())]
-    return [f for f in folders if (f.parent / SUCCESS).exists()]
+    folders = []
+    for partition, version in sorted(inputs.items()):
+        try:
+            folders.append(kiln.storage.artifact("deduplicated", partition, version).path / "kept")
+        except StorageError:  # no longer stored: its documents just get no cloze items
+            pass
+    return folders
 
 
 def _init_seed(ckpt: Artifact, kiln: KilnResource) -> int:
@@ -135,10 +140,9 @@ def _previous_report(kiln: KilnResource, data_version: str) -> Artifact | None:
             return latest
     except StorageError:
         pass
-    folder = kiln.storage.partition_dir("eval_report", None)
-    others = [p for p in folder.glob("*") if (p / SUCCESS).exists() and (p / "metrics.json").exists()
-              and p.name != data_version] if folder.exists() else []
-    if not others:
-        return None
-    newest = max(others, key=lambda p: ((p / SUCCESS).stat().st_mtime, p.name))
-    return Artifact("eval_report", "all", newest.name, newest)
+    done = kiln.storage.complete_versions("eval_report", None)
+    for version in sorted((v for v in done if v != data_version), key=lambda v: (done[v], v), reverse=True):
+        other = kiln.storage.artifact("eval_report", None, version)
+        if (other.path / "metrics.json").exists():
+            return other
+    return None

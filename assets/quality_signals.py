@@ -30,7 +30,10 @@ def quality_signals(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg
         minhash_seed=cfg.minhash_seed,
     )
     with kiln.staging(context) as out:
-        rows = write_parquet_sorted(signals, str(out / "data"), "doc_id", num_files=spark.sparkContext.defaultParallelism)
+        # As many files as `documents` has (one per WARC file): the layout, and so the data
+        # version, must not depend on how many cores the Spark cluster has.
+        num_files = max(1, len(list((docs_in.path / "data").glob("*.parquet"))))
+        rows = write_parquet_sorted(signals, str(out / "data"), "doc_id", num_files=num_files)
         # Read back what was written: recomputing `signals` would run every model again.
         languages = (
             spark.read.parquet(str(out / "data")).groupBy("language").count()

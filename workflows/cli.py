@@ -4,12 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from workflows.config import REPO_ROOT, ConfigError, state_dir
+from workflows.instance import ensure_dagster_home  # sqlite, or Postgres when DAGSTER_PG_HOST is set
 
 # Waves of one run each: partitioned assets run per snapshot, unpartitioned ones once.
 DEMO_WAVES: list[tuple[list[str], bool]] = [
@@ -22,14 +22,6 @@ DEMO_WAVES: list[tuple[list[str], bool]] = [
 ]
 
 
-def ensure_dagster_home() -> Path:
-    """DAGSTER_HOME defaults to <state>/dagster, holding a copy of the repo's dagster.yaml."""
-    home = Path(os.environ.get("DAGSTER_HOME") or state_dir() / "dagster")
-    home.mkdir(parents=True, exist_ok=True)
-    if not (home / "dagster.yaml").exists():
-        shutil.copyfile(REPO_ROOT / "dagster.yaml", home / "dagster.yaml")
-    os.environ["DAGSTER_HOME"] = str(home)
-    return home
 
 
 def materialize_all(snapshots: list[str] | None = None, log=print) -> dict:
@@ -71,9 +63,9 @@ def materialize_all(snapshots: list[str] | None = None, log=print) -> dict:
 def summary(snapshots: list[str] | None = None) -> str:
     """A short, plain report of what each stage kept, read back from the stored manifests."""
     from workflows.kiln import CONFIG
-    from workflows.storage import open_storage
+    from workflows.storage import configured_storage
 
-    storage = open_storage(CONFIG.storage.root or state_dir() / "storage")
+    storage = configured_storage(CONFIG)
     snapshots = snapshots or sorted(CONFIG.raw_crawl.snapshots)
     lines = []
     for snapshot in snapshots:

@@ -30,10 +30,10 @@ STAGE_CODE_VERSIONS = {
     "raw_crawl": "1",
     "documents": "1",
     "quality_classifier": "1",
-    "quality_signals": "1",
+    "quality_signals": "2",  # 2: one output file per documents file, not per core
     "filtered": "1",
     "deduplicated": "1",
-    "tokenizer": "2",  # 2: training_manifest.json, hf/ export
+    "tokenizer": "3",  # 2: training_manifest.json, hf/ export; 3: unigram hf/ export
     "tokenized": "2",  # 2: shard = blake2b(doc_id) % num_shards, keys-only sort
     "mixed_shards": "1",
     "checkpoints": "1",
@@ -280,6 +280,10 @@ class EvaluationConfig(Section):
 class MlflowConfig(Section):
     tracking_uri: str | None = Field(None, description="Default: sqlite store in the state folder.")
     experiment: str = "kiln"
+    dagster_ui_url: EndpointUrl = Field(
+        "http://127.0.0.1:3000",
+        description="Dagster UI that training runs link back to (MLflow tag dagster_run_url); default: `make ui`.",
+    )
 
 
 class SparkConfig(Section):
@@ -287,8 +291,41 @@ class SparkConfig(Section):
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
 
+S3_ROOT = r"s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/[^\s]*)?"
+
+
 class StorageConfig(Section):
-    root: str | None = Field(None, description="Storage root; default: <state>/storage.")
+    root: str | None = Field(
+        None,
+        description="Storage root: a local or mounted folder or "
+        "s3://bucket/prefix, written through boto3 (credentials from the environment or the IAM role); "
+        "default: <state>/storage.",
+    )
+    endpoint_url: EndpointUrl = Field(None, description="S3-compatible endpoint for an s3:// root; default: AWS (or AWS_ENDPOINT_URL_S3).")
+    max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request for an s3:// root (botocore standard-mode retries).")
+    upload_concurrency: int = Field(4, ge=1, le=64, description="Parallel uploads (and multipart parts) when publishing to an s3:// root.")
+    local_dir: str | None = Field(
+        None,
+        description="For an s3:// root: local folder for staging, resumable work folders and the read cache of "
+        "published artifacts (keyed by data version); default: <state>/s3.",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _root_is_s3_or_a_path(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.strip():
+            raise ValueError("must be s3://bucket/prefix or a local path, not empty")
+        if value.startswith("s3://"):
+            if "@" in value.split("/")[2]:
+                raise ValueError("must not carry credentials; they come from the environment or the IAM role")
+            if not re.fullmatch(S3_ROOT, value):
+                raise ValueError("must be s3://bucket/prefix with a valid bucket name (3-63 lowercase letters, digits, dots, hyphens)")
+        elif re.match(r"^[a-zA-Z][a-zA-Z0-9+.\-]*://", value):
+            raise ValueError(f"unsupported scheme {value.split('://')[0]!r}: use s3://bucket/prefix or a local path "
+                             "(for s3a:// or other file systems, mount them or use s3://)")
+        return value
 
 
 class PipelineConfig(Section):

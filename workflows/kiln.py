@@ -22,7 +22,7 @@ from workflows.config import (
     load_config,
     state_dir,
 )
-from workflows.storage import Artifact, LocalStorage, open_storage
+from workflows.storage import Artifact, LocalStorage, configured_storage
 
 SNAPSHOTS = dg.DynamicPartitionsDefinition(name="snapshot")
 # Loaded once when the definitions load, so an invalid config fails before anything runs.
@@ -69,7 +69,7 @@ class KilnResource(dg.ConfigurableResource):
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         self._config = load_config(self.config_path or None)
-        self._storage = open_storage(self._config.storage.root or state_dir() / "storage")
+        self._storage = configured_storage(self._config)
 
     @property
     def config(self) -> PipelineConfig:
@@ -158,14 +158,16 @@ class KilnResource(dg.ConfigurableResource):
             "wall_seconds": round(time.time() - started, 3) if started else None,
         }
         artifact = self._storage.publish(staging, asset, partition, manifest, version_files)
-        context.log.info(f"published {asset}[{artifact.partition}] -> {artifact.path}")
+        context.log.info(f"published {asset}[{artifact.partition}] -> {artifact.location}")
         meta = {
-            "path": dg.MetadataValue.path(str(artifact.path)),
+            "path": dg.MetadataValue.path(artifact.location),
             "data_version": artifact.data_version,
             "inputs": dg.MetadataValue.json(input_versions),
             **{k: v for k, v in (counts or {}).items() if isinstance(v, (int, float, str))},
             **(metadata or {}),
         }
+        # Where it was published wins over a same-named key a stage passed (e.g. a staging path).
+        meta.update(path=dg.MetadataValue.path(artifact.location), data_version=artifact.data_version)
         return dg.MaterializeResult(
             metadata=meta, data_version=dg.DataVersion(artifact.data_version), check_results=check_results or []
         )

@@ -3,6 +3,9 @@
 Write-then-mark-done: a stage writes into a hidden staging folder, the folder is renamed to its
 content hash, `_MANIFEST.json` is written, and `_SUCCESS` comes last. Readers only ever resolve
 folders that hold `_SUCCESS`, so a killed run leaves nothing that could pass as complete.
+
+The root is a local (or mounted) folder, or `s3://bucket/prefix` (`S3Storage`, through boto3):
+stages still write into a local staging folder, and publishing uploads it under the same layout.
 """
 from __future__ import annotations
 
@@ -32,7 +35,12 @@ class Artifact:
     asset: str
     partition: str
     data_version: str
-    path: Path
+    path: Path  # a local folder: the artifact itself, or its read-only local copy for an S3 root
+    uri: str | None = None  # where it is stored, when that is not `path` (s3://...)
+
+    @property
+    def location(self) -> str:
+        return self.uri or str(self.path)
 
     def manifest(self) -> dict:
         return json.loads((self.path / MANIFEST).read_text())
@@ -113,14 +121,47 @@ class LocalStorage:
         pointer = self.partition_dir(asset, partition) / LATEST
         if not pointer.exists():
             raise StorageError(f"{asset}[{partition or UNPARTITIONED}] has not been materialized under {self.root}")
-        data_version = pointer.read_text().strip()
+        return self.artifact(asset, partition, pointer.read_text().strip())
+
+    def artifact(self, asset: str, partition: str | None, data_version: str) -> Artifact:
+        """The complete artifact `asset[partition]` with this data version (not only the latest)."""
         final = self.partition_dir(asset, partition) / data_version
         if not (final / SUCCESS).exists():
             raise StorageError(f"{final} has no {SUCCESS} marker: its run did not finish")
         return Artifact(asset, partition or UNPARTITIONED, data_version, final)
 
+    def complete_versions(self, asset: str, partition: str | None) -> dict[str, float]:
+        """Every complete data version of `asset[partition]` and when it was marked complete (epoch s)."""
+        folder = self.partition_dir(asset, partition)
+        if not folder.is_dir():
+            return {}
+        return {p.name: (p / SUCCESS).stat().st_mtime for p in folder.iterdir()
+                if not p.name.startswith(".") and (p / SUCCESS).is_file()}
 
-def open_storage(root: str | Path) -> LocalStorage:
+    def uri(self, asset: str, partition: str | None, data_version: str) -> str:
+        return str(self.partition_dir(asset, partition) / data_version)
+
+
+def open_storage(root: str | Path, *, endpoint_url: str | None = None, max_attempts: int = 5,
+                 upload_concurrency: int = 4, local_dir: str | Path | None = None) -> "LocalStorage | S3Storage":
+    """A local root, or an `s3://bucket/prefix` root (S3 settings and its local folder apply to it only)."""
     if str(root).startswith("s3://"):
-        raise StorageError("s3:// storage roots are not supported yet; use a local or mounted path")
+        from workflows.s3_storage import S3Storage
+
+        if local_dir is None:
+            from workflows.config import state_dir
+
+            local_dir = state_dir() / "s3"
+        return S3Storage(str(root), local_dir, endpoint_url=endpoint_url, max_attempts=max_attempts,
+                         upload_concurrency=upload_concurrency)
     return LocalStorage(root)
+
+
+def configured_storage(config) -> "LocalStorage | S3Storage":
+    """The storage root a pipeline config names (`storage` section); default `<state>/storage`."""
+    from workflows.config import resolve_path, state_dir
+
+    cfg = config.storage
+    return open_storage(cfg.root or state_dir() / "storage", endpoint_url=cfg.endpoint_url,
+                        max_attempts=cfg.max_attempts, upload_concurrency=cfg.upload_concurrency,
+                        local_dir=resolve_path(cfg.local_dir) if cfg.local_dir else None)

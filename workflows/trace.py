@@ -13,29 +13,27 @@ import re
 import sys
 
 from engine.trace import Lineage, SnapshotFolders, format_document, format_sequence, trace_document, trace_sequence
-from workflows.config import PipelineConfig, load_config, state_dir
-from workflows.storage import SUCCESS, UNPARTITIONED, Artifact, LocalStorage, StorageError, open_storage
+from workflows.config import PipelineConfig, load_config
+from workflows.storage import UNPARTITIONED, Artifact, LocalStorage, StorageError, configured_storage
 
 _VERSION = re.compile(r"^[0-9a-f]{1,64}$")
 
 
 def storage_for(config: PipelineConfig) -> LocalStorage:
-    return open_storage(config.storage.root or state_dir() / "storage")
+    return configured_storage(config)
 
 
 def artifact_at(storage: LocalStorage, asset: str, partition: str | None, version: str) -> Artifact:
     """The complete artifact of `asset[partition]` with data version `version` (or a unique prefix)."""
     if not _VERSION.match(version):
         raise StorageError(f"{version!r} is not a data version (hex digits)")
-    folder = storage.partition_dir(asset, partition)
-    matches = sorted(p for p in folder.glob(f"{version}*") if (p / SUCCESS).exists()) if folder.exists() else []
-    exact = [p for p in matches if p.name == version]
-    if exact:
-        matches = exact
+    matches = sorted(v for v in storage.complete_versions(asset, partition) if v.startswith(version))
+    if version in matches:
+        matches = [version]
     if len(matches) != 1:
         found = "no complete artifact" if not matches else f"{len(matches)} artifacts"
         raise StorageError(f"{asset}[{partition or UNPARTITIONED}]: {found} with data version {version!r} under {storage.root}")
-    return Artifact(asset, partition or UNPARTITIONED, matches[0].name, matches[0])
+    return storage.artifact(asset, partition, matches[0])
 
 
 def resolve_lineage(storage: LocalStorage, mixed_version: str | None = None) -> Lineage:

@@ -1,0 +1,263 @@
+"""An `s3://bucket/prefix` storage root, through boto3.
+
+Same layout and rules as a local root: `<prefix>/<asset>/<partition>/<data_version>/...`, then
+`_MANIFEST.json`, then `_SUCCESS` last, then the partition's `_LATEST` pointer. Readers only
+take versions that hold `_SUCCESS`.
+
+Stages keep writing into a LOCAL staging folder (Spark here has no hadoop-aws jar, so it cannot
+read or write s3a:// itself). Publishing hashes that folder with the same `content_hash` as a
+local root (so data versions are identical between roots), uploads every file, checks the
+listing against what was staged, and only then writes the manifest and the markers. Reading an
+artifact downloads it once into a local read-only copy keyed by data version: a published
+version never changes, so the copy stays valid.
+
+Requests use botocore's standard retry mode (throttling, 5xx and dropped connections are
+retried with backoff). Credentials come only from boto3's default chain (environment, profile,
+IAM role): never from the config, and they are written nowhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import boto3
+from boto3.s3.transfer import TransferConfig, create_transfer_manager
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from workflows.storage import (
+    LATEST,
+    MANIFEST,
+    SUCCESS,
+    UNPARTITIONED,
+    Artifact,
+    StorageError,
+    content_hash,
+)
+
+_MISSING = {"404", "NoSuchKey", "NotFound"}
+
+
+def _reason(error: Exception) -> str:
+    """A short, credential-free description of a boto3/botocore failure."""
+    if isinstance(error, ClientError):
+        err = error.response.get("Error", {})
+        return f"{err.get('Code', 'error')}: {err.get('Message', '')}".rstrip(": ")
+    return f"{type(error).__name__}: {error}"
+
+
+def storage_client(endpoint_url: str | None, max_attempts: int, timeout_s: float = 60):
+    """boto3 S3 client with botocore's standard retry mode; credentials from boto3's default chain.
+
+    `total_max_attempts` counts the first request too (botocore's `max_attempts` counts only
+    retries). A fresh session each time, so credentials rotated in the environment are picked up.
+    """
+    session = boto3.session.Session()
+    config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts},
+                    connect_timeout=timeout_s, read_timeout=timeout_s)
+    return session.client("s3", endpoint_url=endpoint_url, region_name=session.region_name or "us-east-1",
+                          config=config)
+
+
+def _read_only(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+
+class S3Storage:
+    """Storage root in an S3 (or S3-compatible) bucket, with a local work and read-cache folder."""
+
+    def __init__(self, root: str, local_dir: str | Path, *, endpoint_url: str | None = None,
+                 max_attempts: int = 5, upload_concurrency: int = 4):
+        from engine.sources import parse_s3_url
+
+        self.root = root.rstrip("/")
+        self.bucket, self.prefix = parse_s3_url(self.root)  # prefix is "" or ends in "/"
+        self.endpoint_url = endpoint_url
+        self.max_attempts = max_attempts
+        self.client = storage_client(endpoint_url, max_attempts)
+        self._transfer = TransferConfig(max_concurrency=upload_concurrency, use_threads=upload_concurrency > 1)
+        endpoint = urlsplit(endpoint_url).netloc.replace(":", "_") if endpoint_url else "aws"
+        self.local_root = Path(local_dir).expanduser().resolve() / endpoint / self.bucket / self.prefix
+
+    # -- layout ---------------------------------------------------------------------------------
+
+    def partition_dir(self, asset: str, partition: str | None) -> Path:
+        """The LOCAL folder of `asset[partition]`: staging, work folders (`.run-*`) and read copies."""
+        return self.local_root / asset / (partition or UNPARTITIONED)
+
+    def _key(self, asset: str, partition: str | None, *parts: str) -> str:
+        return self.prefix + "/".join([asset, partition or UNPARTITIONED, *parts])
+
+    def uri(self, asset: str, partition: str | None, data_version: str) -> str:
+        return f"s3://{self.bucket}/{self._key(asset, partition, data_version)}"
+
+    # -- small S3 helpers -----------------------------------------------------------------------
+
+    def _exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+            return True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in _MISSING:
+                return False
+            raise
+
+    def _listing(self, prefix: str) -> dict[str, int]:
+        found = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for item in page.get("Contents", []):
+                found[item["Key"]] = item["Size"]
+        return found
+
+    def _put(self, key: str, body: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
+
+    # -- the storage interface ------------------------------------------------------------------
+
+    def new_staging_dir(self, asset: str, partition: str | None) -> Path:
+        staging = self.partition_dir(asset, partition) / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        return staging
+
+    def discard(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def publish(
+        self,
+        staging: Path,
+        asset: str,
+        partition: str | None,
+        manifest: dict,
+        version_files: list[str] | None = None,
+    ) -> Artifact:
+        data_version = content_hash(staging, version_files)[:16]
+        base = self._key(asset, partition, data_version) + "/"
+        uri = self.uri(asset, partition, data_version)
+        try:
+            if self._exists(base + SUCCESS):
+                # Same content already published (a rerun with nothing changed): keep the original.
+                self.discard(staging)
+            else:
+                self._upload(staging, base, uri, {**manifest, "asset": asset, "partition": partition,
+                                                  "data_version": data_version})
+                self._keep_local_copy(staging, self.partition_dir(asset, partition) / data_version)
+            self._put(self._key(asset, partition, LATEST), data_version.encode())
+        except StorageError:
+            raise
+        except Exception as error:  # botocore/s3transfer errors, after the configured retries
+            raise StorageError(
+                f"publishing {asset}[{partition or UNPARTITIONED}] to {uri} failed after up to {self.max_attempts} "
+                f"attempts per request ({_reason(error)}). It was not marked complete (no {SUCCESS}); "
+                f"the staged files stay in {staging}."
+            ) from error
+        return self.artifact(asset, partition, data_version)
+
+    def _upload(self, staging: Path, base: str, uri: str, manifest: dict) -> None:
+        files = {}
+        for path in sorted(staging.rglob("*")):
+            rel = path.relative_to(staging).as_posix()
+            if path.is_file() and rel not in (SUCCESS, MANIFEST):
+                files[rel] = path
+        with create_transfer_manager(self.client, self._transfer) as manager:
+            futures = [manager.upload(str(path), self.bucket, base + rel) for rel, path in files.items()]
+            for future in futures:
+                future.result()
+        # Every staged file must be listed with its size before anything marks the version complete.
+        listed = self._listing(base)
+        wrong = sorted(rel for rel, path in files.items() if listed.get(base + rel) != path.stat().st_size)
+        if wrong:
+            raise StorageError(f"{uri}: {len(wrong)} uploaded files are missing or have the wrong size "
+                               f"(first: {wrong[0]}); not marked complete")
+        # Left over by an earlier run of this version that was killed before its _SUCCESS.
+        for key in sorted(set(listed) - {base + rel for rel in files}):
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        manifest = {**manifest, "files": {rel: path.stat().st_size for rel, path in files.items()}}
+        text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
+        (staging / MANIFEST).write_text(text)
+        self._put(base + MANIFEST, text.encode())
+        self._put(base + SUCCESS, b"")
+        (staging / SUCCESS).write_text("")
+
+    def _keep_local_copy(self, folder: Path, final: Path) -> None:
+        """The published staging folder becomes the read copy, so this process need not download it."""
+        if final.exists():
+            self.discard(folder)
+            return
+        _read_only(folder)
+        try:
+            os.rename(folder, final)
+        except OSError:  # another process put its copy there first
+            self.discard(folder)
+
+    def latest(self, asset: str, partition: str | None) -> Artifact:
+        key = self._key(asset, partition, LATEST)
+        try:
+            data_version = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode().strip()
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") in _MISSING:
+                raise StorageError(f"{asset}[{partition or UNPARTITIONED}] has not been materialized under {self.root}") from None
+            raise StorageError(f"cannot read s3://{self.bucket}/{key}: {_reason(error)}") from None
+        return self.artifact(asset, partition, data_version)
+
+    def artifact(self, asset: str, partition: str | None, data_version: str) -> Artifact:
+        """The complete artifact with this data version, as a local read-only copy (downloaded once)."""
+        local = self.partition_dir(asset, partition) / data_version
+        uri = self.uri(asset, partition, data_version)
+        if not (local / SUCCESS).is_file():
+            base = self._key(asset, partition, data_version) + "/"
+            try:
+                if not self._exists(base + SUCCESS):
+                    raise StorageError(f"{uri} has no {SUCCESS} marker: its run did not finish")
+                self._download(base, local, uri)
+            except StorageError:
+                raise
+            except Exception as error:
+                raise StorageError(f"cannot download {uri}: {_reason(error)}") from error
+        return Artifact(asset, partition or UNPARTITIONED, data_version, local, uri)
+
+    def _download(self, base: str, local: Path, uri: str) -> None:
+        listed = self._listing(base)
+        tmp = local.parent / f".download-{uuid.uuid4().hex}"
+        try:
+            with create_transfer_manager(self.client, self._transfer) as manager:
+                futures = []
+                for key in sorted(listed):
+                    dest = tmp / key[len(base):]
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    futures.append(manager.download(self.bucket, key, str(dest)))
+                for future in futures:
+                    future.result()
+            short = [k for k, size in listed.items() if (tmp / k[len(base):]).stat().st_size != size]
+            if short:
+                raise StorageError(f"{uri}: downloaded {len(short)} files with the wrong size")
+            _read_only(tmp)
+            try:
+                os.rename(tmp, local)  # the copy appears whole or not at all
+            except OSError:
+                if not (local / SUCCESS).is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def complete_versions(self, asset: str, partition: str | None) -> dict[str, float]:
+        """Every complete data version of `asset[partition]` and when its `_SUCCESS` was written (epoch s)."""
+        prefix = self._key(asset, partition) + "/"
+        versions = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+            for common in page.get("CommonPrefixes", []):
+                version = common["Prefix"][len(prefix):].rstrip("/")
+                try:
+                    head = self.client.head_object(Bucket=self.bucket, Key=f"{prefix}{version}/{SUCCESS}")
+                except ClientError as error:
+                    if error.response.get("Error", {}).get("Code") in _MISSING:
+                        continue
+                    raise
+                versions[version] = head["LastModified"].timestamp()
+        return versions
