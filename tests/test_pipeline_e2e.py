@@ -1,7 +1,8 @@
 """End to end: `kiln demo` materializes the whole graph on a small generated crawl, twice.
 
-Runs in a subprocess with its own state folder and a smaller config, then checks real outcomes
-against the sample's ground-truth labels.
+Runs in a subprocess with its own state folder and a smaller config (the session fixture
+`demo_pipeline` in conftest.py, shared with the browser tests), then checks real outcomes against
+the sample's ground-truth labels.
 """
 import json
 import math
@@ -12,47 +13,16 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-import yaml
 
-from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT
+from kiln_demo import ASSETS, PARTITIONED
+from workflows.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
-ASSETS = ["raw_crawl", "documents", "quality_classifier", "quality_signals", "filtered", "deduplicated",
-          "tokenizer", "tokenized", "mixed_shards", "checkpoints", "eval_report"]
-PARTITIONED = {"raw_crawl", "documents", "quality_signals", "filtered", "deduplicated", "tokenized"}
-
-
-def small_config() -> dict:
-    config = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
-    config["raw_crawl"]["snapshots"] = {"sample": {"kind": "sample", "seed": 0, "pages": 200, "files": 2}}
-    config["mix"]["total_tokens"] = 60_000
-    config["training"].update(steps=40, checkpoint_every=20, warmup_steps=5)
-    config["evaluation"]["max_sequences_per_bucket"] = 32
-    return config
-
-
-def data_versions(root: Path) -> dict[str, str]:
-    return {
-        asset: (root / asset / ("sample" if asset in PARTITIONED else "all") / "_LATEST").read_text().strip()
-        for asset in ASSETS
-    }
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    state = tmp_path_factory.mktemp("kiln-state")
-    config_path = state / "pipeline.yaml"
-    config_path.write_text(yaml.safe_dump(small_config()))
-    env = {**os.environ, "KILN_STATE_DIR": str(state), "KILN_CONFIG": str(config_path)}
-    env.pop("DAGSTER_HOME", None)
-    runs = []
-    for attempt in range(2):
-        result = subprocess.run([sys.executable, "-m", "workflows.cli", "demo"], cwd=REPO_ROOT, env=env,
-                                capture_output=True, text=True, timeout=1800)
-        (state / f"demo-{attempt}.log").write_text(result.stdout + result.stderr)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
-        runs.append({"stdout": result.stdout, "versions": data_versions(state / "storage")})
-    return {"state": state, "root": state / "storage", "runs": runs}
+def pipeline(demo_pipeline):
+    return demo_pipeline
 
 
 def latest(root: Path, asset: str) -> Path:

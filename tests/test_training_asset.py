@@ -92,6 +92,7 @@ def test_checkpoints_asset_runs_the_launcher_under_pipes(pipeline):
     run = client.get_run(result_json["mlflow_run_id"])
     tags = run.data.tags
     assert tags["dagster_run_id"] == result.run_id and len(tags["git_commit"]) >= 7
+    assert tags["dagster_run_url"] == f"http://127.0.0.1:3000/runs/{result.run_id}"  # mlflow.dagster_ui_url default
     assert tags["mixed_shards_data_version"] == mixed.data_version
     assert tags["tokenizer_data_version"] == tok.data_version
     assert run.inputs.dataset_inputs[0].dataset.digest == mixed.data_version
