@@ -1,4 +1,5 @@
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,29 @@ def demo_pipeline(tmp_path_factory):
     from kiln_demo import materialize_demo
 
     return materialize_demo(tmp_path_factory.mktemp("kiln-state"))
+
+
+@contextmanager
+def moto_s3(access_key: str, secret: str, token: str | None = None):
+    """moto's S3 server on 127.0.0.1 with credentials only in the environment (nothing from the
+    user's own AWS config). Yields (endpoint URL, an admin boto3 client)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    with pytest.MonkeyPatch.context() as env:
+        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN",
+                     "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
+            env.delenv(name, raising=False)
+        env.setenv("AWS_ACCESS_KEY_ID", access_key)
+        env.setenv("AWS_SECRET_ACCESS_KEY", secret)
+        if token:
+            env.setenv("AWS_SESSION_TOKEN", token)
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            endpoint = f"http://{host}:{port}"
+            yield endpoint, boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        finally:
+            server.stop()

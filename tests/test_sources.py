@@ -6,7 +6,6 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import boto3
 import dagster as dg
 import pytest
 import yaml
@@ -20,6 +19,7 @@ from engine.sources import (
     sample_paths,
     source_for_snapshot,
 )
+from conftest import moto_s3
 from engine.warc_manifest import describe_warc_files
 from workflows.config import CommonCrawlSource, SeedCrawlSource, WarcDirSource, parse_config
 
@@ -42,19 +42,7 @@ def warc_files(shared_data) -> list[Path]:
 @pytest.fixture(scope="module")
 def s3(warc_files):
     """moto's S3 server on 127.0.0.1, holding a fake Common Crawl and a private WARC bucket."""
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as env:
-        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-            env.delenv(name, raising=False)
-        env.setenv("AWS_ACCESS_KEY_ID", "kiln-test-key")
-        env.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    with moto_s3("kiln-test-key", SECRET) as (endpoint, admin):
         # Common Crawl's bucket is public: everything below is read with unsigned requests.
         admin.create_bucket(Bucket="commoncrawl", ACL="public-read")
         keys = []
@@ -73,7 +61,6 @@ def s3(warc_files):
         admin.put_object(Bucket="kiln-warcs", Key=f"drop/older/{warc_files[3].name}", Body=warc_files[3].read_bytes())
         admin.put_object(Bucket="kiln-warcs", Key="plain/big.warc.gz", Body=b"0123456789" * 50_000)
         yield {"endpoint": endpoint, "admin": admin, "keys": keys, "files": {f"{SEGMENT}/{p.name}": p for p in warc_files}}
-        server.stop()
 
 
 @pytest.fixture()

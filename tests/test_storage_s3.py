@@ -18,10 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import boto3
 import pytest
 import yaml
 
+from conftest import moto_s3
 from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT, ConfigError, parse_config
 from workflows.s3_storage import S3Storage
 from workflows.storage import LATEST, MANIFEST, SUCCESS, LocalStorage, StorageError, open_storage
@@ -34,24 +34,9 @@ BUCKET = "kiln-store"
 
 @pytest.fixture(scope="module")
 def moto():
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as env:
-        for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_CONFIG_FILE",
-                     "AWS_SHARED_CREDENTIALS_FILE"):
-            env.delenv(name, raising=False)
-        env.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        env.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-        env.setenv("AWS_SESSION_TOKEN", TOKEN)
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
-        admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    with moto_s3(ACCESS_KEY, SECRET, TOKEN) as (endpoint, admin):
         admin.create_bucket(Bucket=BUCKET)
         yield {"endpoint": endpoint, "admin": admin}
-        server.stop()
 
 
 def keys(admin, prefix: str) -> dict[str, int]:

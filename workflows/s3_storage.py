@@ -36,6 +36,7 @@ from workflows.storage import (
     SUCCESS,
     UNPARTITIONED,
     Artifact,
+    LocalStorage,
     StorageError,
     content_hash,
 )
@@ -70,8 +71,11 @@ def _read_only(folder: Path) -> None:
             path.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
 
 
-class S3Storage:
-    """Storage root in an S3 (or S3-compatible) bucket, with a local work and read-cache folder."""
+class S3Storage(LocalStorage):
+    """Storage root in an S3 (or S3-compatible) bucket, with a local work and read-cache folder.
+
+    Staging folders (and the cleanup of dead writers' ones) are LocalStorage's, under the local
+    folder; publishing, reading and listing go to the bucket."""
 
     def __init__(self, root: str, local_dir: str | Path, *, endpoint_url: str | None = None,
                  max_attempts: int = 5, upload_concurrency: int = 4):
@@ -120,14 +124,6 @@ class S3Storage:
         self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
 
     # -- the storage interface ------------------------------------------------------------------
-
-    def new_staging_dir(self, asset: str, partition: str | None) -> Path:
-        staging = self.partition_dir(asset, partition) / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir(parents=True)
-        return staging
-
-    def discard(self, staging: Path) -> None:
-        shutil.rmtree(staging, ignore_errors=True)
 
     def publish(
         self,
@@ -193,6 +189,7 @@ class S3Storage:
         _read_only(folder)
         try:
             os.rename(folder, final)
+            self._release(folder)
         except OSError:  # another process put its copy there first
             self.discard(folder)
 

@@ -4,23 +4,39 @@ Write-then-mark-done: a stage writes into a hidden staging folder, the folder is
 content hash, `_MANIFEST.json` is written, and `_SUCCESS` comes last. Readers only ever resolve
 folders that hold `_SUCCESS`, so a killed run leaves nothing that could pass as complete.
 
+Concurrency (local root): publishing holds an exclusive `flock` on the partition's `.publish.lock`,
+so two runs of the same partition never interleave: the second finds the first's `_SUCCESS` and
+drops its own identical staging folder, or publishes its different content beside it. While a
+process writes a staging folder it holds a `flock` on `.staging-<id>.lock` next to it; the kernel
+drops that lock when the process dies, so the next `new_staging_dir` of the partition removes the
+staging folders of dead writers only (never a live run's, on this host or another sharing the
+mount). Staging folders without a lock file (older Kiln versions) are left alone.
+
 The root is a local (or mounted) folder, or `s3://bucket/prefix` (`S3Storage`, through boto3):
 stages still write into a local staging folder, and publishing uploads it under the same layout.
 """
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import hashlib
 import json
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Iterator
 
 SUCCESS = "_SUCCESS"
 MANIFEST = "_MANIFEST.json"
 LATEST = "_LATEST"
+PUBLISH_LOCK = ".publish.lock"
+STAGING_PREFIX = ".staging-"
+# Staging folder -> its held owner lock, per process (not per LocalStorage object, so dropping or
+# recreating a storage object never releases a lock while this process still writes the folder).
+_OWNER_LOCKS: dict[Path, IO] = {}
 UNPARTITIONED = "all"
 
 
@@ -77,6 +93,17 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (created if missing); released on exit or if the process dies."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class LocalStorage:
     """Storage root on a local (or mounted shared) file system."""
 
@@ -87,12 +114,47 @@ class LocalStorage:
         return self.root / asset / (partition or UNPARTITIONED)
 
     def new_staging_dir(self, asset: str, partition: str | None) -> Path:
-        staging = self.partition_dir(asset, partition) / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir(parents=True)
-        return staging
+        folder = self.partition_dir(asset, partition)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.remove_dead_staging(asset, partition)
+        while True:
+            staging = folder / f"{STAGING_PREFIX}{uuid.uuid4().hex}"
+            owner = open(staging.with_name(staging.name + ".lock"), "a")
+            try:  # the lock comes before the folder, so no one sees a staging folder without a live owner
+                fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # a concurrent cleaner opened the new file first: take another name
+                owner.close()
+                continue
+            staging.mkdir()
+            _OWNER_LOCKS[staging] = owner
+            return staging
+
+    def remove_dead_staging(self, asset: str, partition: str | None) -> list[Path]:
+        """Remove the staging folders of `asset[partition]` whose writer has died; returns them."""
+        folder = self.partition_dir(asset, partition)
+        removed = []
+        for lock in folder.glob(f"{STAGING_PREFIX}*.lock") if folder.is_dir() else []:
+            with open(lock, "a") as handle:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:  # its writer is alive
+                    continue
+                staging = lock.with_name(lock.name[: -len(".lock")])
+                if staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+                    removed.append(staging)
+                lock.unlink(missing_ok=True)
+        return removed
+
+    def _release(self, staging: Path) -> None:
+        owner = _OWNER_LOCKS.pop(staging, None)
+        if owner is not None:
+            Path(owner.name).unlink(missing_ok=True)
+            owner.close()
 
     def discard(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
+        self._release(staging)
 
     def publish(
         self,
@@ -103,18 +165,22 @@ class LocalStorage:
         version_files: list[str] | None = None,
     ) -> Artifact:
         data_version = content_hash(staging, version_files)[:16]
-        final = self.partition_dir(asset, partition) / data_version
-        if (final / SUCCESS).exists():
-            # Same content already published (a rerun with nothing changed): keep the original.
-            self.discard(staging)
-        else:
-            if final.exists():  # left by a run killed between rename and _SUCCESS
-                shutil.rmtree(final)
-            os.replace(staging, final)
-            manifest = {**manifest, "asset": asset, "partition": partition, "data_version": data_version}
-            _write_atomic(final / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
-            (final / SUCCESS).write_text("")
-        _write_atomic(self.partition_dir(asset, partition) / LATEST, data_version)
+        folder = self.partition_dir(asset, partition)
+        final = folder / data_version
+        # One publisher of the partition at a time (other processes, other hosts on the mount).
+        with _exclusive(folder / PUBLISH_LOCK):
+            if (final / SUCCESS).exists():
+                # Same content already published (a rerun, or a concurrent run that won): keep it.
+                self.discard(staging)
+            else:
+                if final.exists():  # no _SUCCESS while we hold the lock: its publisher died mid-way
+                    shutil.rmtree(final)
+                os.replace(staging, final)
+                self._release(staging)
+                manifest = {**manifest, "asset": asset, "partition": partition, "data_version": data_version}
+                _write_atomic(final / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
+                (final / SUCCESS).write_text("")
+            _write_atomic(folder / LATEST, data_version)
         return Artifact(asset, partition or UNPARTITIONED, data_version, final)
 
     def latest(self, asset: str, partition: str | None) -> Artifact:
