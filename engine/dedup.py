@@ -8,8 +8,10 @@ does not depend on partitioning, partition order or the number of cores):
 2. Near, over representatives only: LSH band hashes of the stored MinHash signatures,
    documents sharing a (band, band_hash) bucket get star edges to the bucket's smallest
    doc_id, edges are verified by Jaccard (exact on shingles by default), then connected
-   components (large-star / small-star with plain DataFrame ops). In each component the
-   best document survives, the rest are removed with reason `near`.
+   components: on the driver with scipy while the edge list is small (`cc_driver_max_edges`),
+   else large-star / small-star with plain DataFrame ops; both label a component with its
+   smallest doc_id. In each component the best document survives, the rest are removed
+   with reason `near`.
 
 Verification checks each star edge (member, bucket minimum), not every pair of a bucket:
 a member similar to another member but not to the minimum keeps its place only through
@@ -32,6 +34,8 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components as csgraph_components
 
 from engine.minhash import exact_hash, optimal_bands, shingle_hashes, signatures_from_bytes
 
@@ -69,6 +73,13 @@ class DedupConfig(BaseModel):
     keep_signal: str = Field("classifier_score", min_length=1, description="Column ranking documents to keep.")
     keep_signal_descending: bool = Field(True, description="True: higher keep_signal is better.")
     max_cc_iterations: int = Field(40, ge=1, le=1000, description="Large-star/small-star rounds before giving up.")
+    # Measured by tests/benchmarks/bench_dedup.py: each large-star/small-star round is several
+    # Spark jobs, which dominate dedup below millions of edges; the edge list itself is small.
+    cc_driver_max_edges: int = Field(
+        2_000_000, ge=0, le=100_000_000,
+        description="Connected components on the driver (scipy) when the verified edges number at most this; "
+        "larger graphs use large-star/small-star in Spark. 0: always Spark.",
+    )
     example_pairs: int = Field(5, ge=0, le=1000, description="Example (doc_id, kept_doc_id) pairs per reason in stats.")
 
     @model_validator(mode="before")
@@ -178,19 +189,27 @@ def _signature_jaccard_fn(num_perm: int):
     return fn
 
 
-def _shingle_jaccard_fn(ngram: int):
+def _shingle_set_fn(ngram: int):
+    """Each document's distinct shingle hashes, sorted, as little-endian uint32 bytes."""
+
     def fn(batches):
         for pdf in batches:
-            ha, oa = shingle_hashes(list(pdf["text_src"].fillna("")), ngram)
-            hb, ob = shingle_hashes(list(pdf["text_dst"].fillna("")), ngram)
-            jac = np.empty(len(pdf))
-            for i in range(len(pdf)):
-                sa, sb = np.unique(ha[oa[i] : oa[i + 1]]), np.unique(hb[ob[i] : ob[i + 1]])
-                inter = len(np.intersect1d(sa, sb, assume_unique=True))
-                jac[i] = inter / (len(sa) + len(sb) - inter)
-            yield pd.DataFrame({"src": pdf["src"], "dst": pdf["dst"], "jaccard": jac})
+            hashes, offsets = shingle_hashes(list(pdf["text"].fillna("")), ngram)
+            sets = [np.unique(hashes[offsets[i] : offsets[i + 1]]).astype("<u4").tobytes() for i in range(len(pdf))]
+            yield pd.DataFrame({"doc_id": pdf["doc_id"], "shingles": sets})
 
     return fn
+
+
+def _set_jaccard_fn(batches):
+    for pdf in batches:
+        jac = np.empty(len(pdf))
+        for i, (a, b) in enumerate(zip(pdf["set_src"], pdf["set_dst"])):
+            sa, sb = np.frombuffer(a, dtype="<u4"), np.frombuffer(b, dtype="<u4")
+            inter = len(np.intersect1d(sa, sb, assume_unique=True))
+            union = len(sa) + len(sb) - inter
+            jac[i] = inter / union if union else 1.0
+        yield pd.DataFrame({"src": pdf["src"], "dst": pdf["dst"], "jaccard": jac})
 
 
 # ----------------------------------------------------------------------------- connected components
@@ -228,6 +247,27 @@ def _is_star_forest(edges: DataFrame) -> bool:
     per_node = roles.groupBy("node").agg(F.sum("child").alias("parents"), F.max("parent").alias("is_parent"))
     bad = per_node.where((F.col("parents") > 1) | ((F.col("parents") >= 1) & (F.col("is_parent") == 1)))
     return bad.limit(1).count() == 0
+
+
+def connected_components_on_driver(edges: DataFrame) -> DataFrame:
+    """Same labels as `connected_components`, computed on the driver with scipy: (doc_id, root)
+    for every node in an edge, root = the smallest node id of its component (Python's string
+    order is code-point order, which is Spark's UTF-8 byte order)."""
+    pdf = edges.select("src", "dst").toPandas()
+    if pdf.empty:
+        return edges.sparkSession.createDataFrame([], "doc_id string, root string")
+    codes, nodes = pd.factorize(pd.concat([pdf["src"], pdf["dst"]], ignore_index=True))
+    nodes = np.asarray(nodes, dtype=object)
+    m, n = len(pdf), len(nodes)
+    graph = coo_matrix((np.ones(m, dtype=np.int8), (codes[:m], codes[m:])), shape=(n, n))
+    n_components, component = csgraph_components(graph, directed=False)
+    by_id = np.argsort(nodes)
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_id] = np.arange(n)
+    smallest = np.full(n_components, n, dtype=np.int64)
+    np.minimum.at(smallest, component, rank)
+    labels = pd.DataFrame({"doc_id": nodes, "root": nodes[by_id[smallest[component]]]})
+    return edges.sparkSession.createDataFrame(labels, "doc_id string, root string")
 
 
 def connected_components(edges: DataFrame, max_iterations: int = 40) -> tuple[DataFrame, int]:
@@ -318,8 +358,12 @@ def deduplicate(
         if cfg.verify_jaccard:
             candidates = _materialise(_verify(candidates, rep_sigs, docs_df, cfg))
             stats["verified_edges"] = candidates.count()
-        labels, iterations = connected_components(candidates, cfg.max_cc_iterations)
-        stats["cc_iterations"] = iterations
+        if stats.get("verified_edges", stats["candidate_edges"]) <= cfg.cc_driver_max_edges:
+            labels = connected_components_on_driver(candidates)
+            stats["cc_on_driver"] = 1
+        else:
+            labels, stats["cc_iterations"] = connected_components(candidates, cfg.max_cc_iterations)
+            stats["cc_on_driver"] = 0
 
         in_component = Window.partitionBy("root")
         ranked = Window.partitionBy("root").orderBy(*order)
@@ -361,11 +405,17 @@ def _verify(candidates: DataFrame, rep_sigs: DataFrame, docs_df: DataFrame, cfg:
         )
         scored = pairs.select("src", "dst", "sig_src", "sig_dst").mapInPandas(_signature_jaccard_fn(cfg.num_perm), schema)
     else:
-        texts = docs_df.select("doc_id", "text")
-        pairs = candidates.join(texts.select(F.col("doc_id").alias("src"), F.col("text").alias("text_src")), "src").join(
-            texts.select(F.col("doc_id").alias("dst"), F.col("text").alias("text_dst")), "dst"
+        # Shingle each candidate document once (not once per edge end); only those texts move.
+        nodes = candidates.select(F.col("src").alias("doc_id")).unionByName(candidates.select(F.col("dst").alias("doc_id")))
+        sets = _materialise(
+            docs_df.select("doc_id", "text")
+            .join(nodes.distinct(), "doc_id", "left_semi")
+            .mapInPandas(_shingle_set_fn(cfg.ngram), "doc_id string, shingles binary")
         )
-        scored = pairs.select("src", "dst", "text_src", "text_dst").mapInPandas(_shingle_jaccard_fn(cfg.ngram), schema)
+        pairs = candidates.join(sets.select(F.col("doc_id").alias("src"), F.col("shingles").alias("set_src")), "src").join(
+            sets.select(F.col("doc_id").alias("dst"), F.col("shingles").alias("set_dst")), "dst"
+        )
+        scored = pairs.select("src", "dst", "set_src", "set_dst").mapInPandas(_set_jaccard_fn, schema)
     return scored.where(F.col("jaccard") >= cfg.verify_threshold).select("src", "dst")
 
 

@@ -94,17 +94,20 @@ def source_for_snapshot(raw: RawCrawlConfig, snapshot: str):
 # S3
 # ---------------------------------------------------------------------------------------------
 
-def s3_client(endpoint_url: str | None = None, *, max_attempts: int = 5, unsigned: bool = False):
+def s3_client(endpoint_url: str | None = None, *, max_attempts: int = 5, unsigned: bool = False,
+              connect_timeout: float = 20, read_timeout: float = 60):
     """boto3 S3 client with standard-mode retries; credentials from boto3's default chain.
 
-    A fresh session each time: the default session would keep the credentials it first found.
+    `total_max_attempts` counts the first request too (botocore's `max_attempts` counts only
+    retries). A fresh session each time: the default session would keep the credentials it
+    first found, and credentials rotated in the environment must be picked up.
     """
     session = boto3.session.Session()
     region = session.region_name or "us-east-1"  # Common Crawl lives in us-east-1
     config = Config(
-        retries={"mode": "standard", "max_attempts": max_attempts},
-        connect_timeout=20,
-        read_timeout=60,
+        retries={"mode": "standard", "total_max_attempts": max_attempts},
+        connect_timeout=connect_timeout,
+        read_timeout=read_timeout,
         **({"signature_version": UNSIGNED} if unsigned else {}),
     )
     return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from pathlib import Path
 
-from workflows.config import REPO_ROOT, ConfigError, state_dir
+from workflows.config import ConfigError
 from workflows.instance import ensure_dagster_home  # sqlite, or Postgres when DAGSTER_PG_HOST is set
 
 # Waves of one run each: partitioned assets run per snapshot, unpartitioned ones once.

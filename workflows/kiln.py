@@ -153,7 +153,7 @@ class KilnResource(dg.ConfigurableResource):
             "config": {s: getattr(self._config, s).model_dump(mode="json") for s in STAGE_SECTIONS[asset]},
             "code_version": code_version(self._config, asset),
             "git_commit": git_commit(),
-            "dagster_run_id": context.run_id,
+            "dagster_run_id": context.run.run_id,
             "counts": counts or {},
             "wall_seconds": round(time.time() - started, 3) if started else None,
         }

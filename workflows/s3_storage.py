@@ -25,11 +25,10 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import boto3
 from boto3.s3.transfer import TransferConfig, create_transfer_manager
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from engine.sources import s3_client
 from workflows.storage import (
     LATEST,
     MANIFEST,
@@ -53,16 +52,8 @@ def _reason(error: Exception) -> str:
 
 
 def storage_client(endpoint_url: str | None, max_attempts: int, timeout_s: float = 60):
-    """boto3 S3 client with botocore's standard retry mode; credentials from boto3's default chain.
-
-    `total_max_attempts` counts the first request too (botocore's `max_attempts` counts only
-    retries). A fresh session each time, so credentials rotated in the environment are picked up.
-    """
-    session = boto3.session.Session()
-    config = Config(retries={"mode": "standard", "total_max_attempts": max_attempts},
-                    connect_timeout=timeout_s, read_timeout=timeout_s)
-    return session.client("s3", endpoint_url=endpoint_url, region_name=session.region_name or "us-east-1",
-                          config=config)
+    """The storage root's S3 client: `engine.sources.s3_client` with one timeout for both phases."""
+    return s3_client(endpoint_url, max_attempts=max_attempts, connect_timeout=timeout_s, read_timeout=timeout_s)
 
 
 def _read_only(folder: Path) -> None:

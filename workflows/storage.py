@@ -27,7 +27,10 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from workflows.s3_storage import S3Storage
 
 SUCCESS = "_SUCCESS"
 MANIFEST = "_MANIFEST.json"

@@ -257,7 +257,6 @@ def run_worker(args: list[str]) -> tuple[dict, float]:
 def kiln_worker(data_dir: Path, out_dir: Path, variants: list[str], warm_up: bool) -> dict:
     t_start = time.perf_counter()
     import pandas as pd
-    from pyspark.sql import functions as F
 
     from engine.dedup import DedupConfig, deduplicate
     from engine.minhash import signatures_to_bytes
