@@ -422,6 +422,8 @@ def datasketch_reference_clusters(sig: np.ndarray, bands: int = 14, rows: int = 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, about a minute")
+    parser.add_argument("--sizes", default="25000,50000,100000",
+                        help="speed-run sizes, comma-separated (full mode; default 25000,50000,100000)")
     parser.add_argument("--worker", choices=["kiln", "datasketch"], help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -439,7 +441,7 @@ def main() -> None:
     streams = load_paragraphs()
     windows = window_docs(streams)
     quality_bases = 400 if args.quick else 2400
-    sizes = [] if args.quick else [25_000, 50_000, 100_000]
+    sizes = [] if args.quick else [int(x) for x in args.sizes.split(",") if x]
     variants = ["default"] if args.quick else ["default", "no_verify", "verify_signature"]
 
     with tempfile.TemporaryDirectory(prefix="bench_dedup_") as tmp:
@@ -494,13 +496,14 @@ def main() -> None:
         print("kiln s: signatures + dedup, wall clock after Spark start-up ('start', not counted); cpu: process-tree CPU seconds")
         print(
             f"{'docs':>8s} {'start':>6s} {'kiln s':>7s} {'(sigs)':>7s} {'cpu s':>7s} {'docs/s':>7s} {'RSS MB':>7s} | "
-            f"{'datasketch s':>12s} {'(sigs)':>7s} {'cpu s':>7s} {'docs/s':>7s} {'RSS MB':>7s}"
+            f"{'datasketch s':>12s} {'(sigs)':>7s} {'cpu s':>7s} {'docs/s':>7s} {'RSS MB':>7s} | KB/doc kiln, datasketch"
         )
         for size, (k, k_rss, b, b_rss) in speed.items():
             print(
                 f"{size:8d} {k['startup']:6.1f} {k['seconds']:7.1f} {k['signature_seconds']:7.1f} {k['cpu_seconds']:7.1f} "
                 f"{size / k['seconds']:7.0f} {k_rss:7.0f} | {b['seconds']:12.1f} {b['signature_seconds']:7.1f} "
-                f"{b['cpu_seconds']:7.1f} {size / b['seconds']:7.0f} {b_rss:7.0f}"
+                f"{b['cpu_seconds']:7.1f} {size / b['seconds']:7.0f} {b_rss:7.0f} | "
+                f"{k_rss * 1024 / size:6.1f}, {b_rss * 1024 / size:6.1f}"
             )
 
     largest = max(speed)
@@ -519,6 +522,9 @@ def main() -> None:
         "baseline_cpu_docs_per_s": round(largest / b["cpu_seconds"], 1),
         "peak_rss_mb": {f"kiln_{s}": round(v[1]) for s, v in speed.items()}
         | {f"datasketch_{s}": round(v[3]) for s, v in speed.items()},
+        # The memory curve: peak RSS per document at each size (flat or falling = no per-doc growth).
+        "peak_rss_kb_per_doc": {f"kiln_{s}": round(v[1] * 1024 / s, 1) for s, v in speed.items()}
+        | {f"datasketch_{s}": round(v[3] * 1024 / s, 1) for s, v in speed.items()},
         "docs": largest,
         "quality_docs": n,
         "reference_datasketch": {k2: round(reference[k2], 4) for k2 in ("precision_08", "recall_08", "precision_05_08", "recall_05_08")},

@@ -24,7 +24,9 @@ them) cycling through real HTML: the benchmark pages and every HTML response in 
 files. 20,000 records in 8 files (--quick: 800 in 4). Kiln: `extract_documents` on Spark
 local[2] (after a warm-up that starts the JVM and one Python worker per core), docs/s divided
 by the 2 cores. Loop: `extract_warc` over the same files in one process. ratio = Kiln per core /
-loop. On a shared machine other jobs take cores from both sides unevenly, so the same ratio is
+loop. Parallel loop: the same loop in 2 processes at once (no Spark); its per-core rate over the
+single loop (`parallel_scaling`) is what two cores of this machine give at best, and
+`ratio_vs_parallel_loop` is Spark's own share of the gap. On a shared machine other jobs take cores from both sides unevenly, so the same ratio is
 also given in CPU time (`cpu_ratio`: documents per CPU-second of the JVM and its Python workers
 vs. of the loop), which measures Spark's own overhead. trafilatura: the same loop with
 extractor="trafilatura" over one pass through the page pool (every third page with --quick),
@@ -222,6 +224,23 @@ def loop_rates(paths: list[str], extractor: str = "kiln") -> dict:
     return {"docs": docs, "docs_per_s": docs / wall, "docs_per_cpu_s": docs / cpu}
 
 
+def _count_docs(path: str) -> int:
+    return sum("doc_id" in row for row in extract_warc(path, "BENCH", extractor="kiln"))
+
+
+def parallel_loop_rates(paths: list[str], cores: int) -> dict:
+    """The plain loop in `cores` processes at once, files shared out like Spark's tasks: what
+    the machine gives per core with no framework at all (cores of a VM need not be independent)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(cores) as pool:
+        pool.map(_count_docs, paths[:cores])  # start the workers and import the extractors
+        wall0 = time.perf_counter()
+        docs = sum(pool.map(_count_docs, paths, chunksize=1))
+        wall = time.perf_counter() - wall0
+    return {"docs": docs, "docs_per_s": docs / wall, "docs_per_s_per_core": docs / wall / cores}
+
+
 def spark_rates(paths: list[str], warmup: str, cores: int) -> dict:
     from engine.spark import get_spark
 
@@ -281,6 +300,9 @@ def main() -> None:
         loop = loop_rates(paths)
         print(f"  kiln, one-process loop: {loop['docs']} docs, {loop['docs_per_s']:.1f} docs/s; "
               f"{loop['docs_per_cpu_s']:.1f} docs per CPU-s", flush=True)
+        parallel = parallel_loop_rates(paths, cores)
+        print(f"  kiln, plain loop in {cores} processes (no Spark): {parallel['docs_per_s']:.1f} docs/s = "
+              f"{parallel['docs_per_s_per_core']:.1f} docs/s per core", flush=True)
         traf = loop_rates(traf_paths, "trafilatura")
         kiln_same = loop_rates(traf_paths, "kiln")
         print(f"  trafilatura loop over {traf['docs']} pages: {traf['docs_per_s']:.1f} docs/s "
@@ -302,6 +324,11 @@ def main() -> None:
         "docs_per_s_per_core": spark["docs_per_s_per_core"],
         "loop_docs_per_s": loop["docs_per_s"],
         "ratio": spark["docs_per_s_per_core"] / loop["docs_per_s"],
+        # Per-core rate of the same loop run in `cores` processes: the machine's own scaling, so
+        # ratio_vs_parallel_loop is Spark's share of the gap and parallel_scaling the hardware's.
+        "parallel_loop_docs_per_s_per_core": parallel["docs_per_s_per_core"],
+        "parallel_scaling": parallel["docs_per_s_per_core"] / loop["docs_per_s"],
+        "ratio_vs_parallel_loop": spark["docs_per_s_per_core"] / parallel["docs_per_s_per_core"],
         # The same comparison in CPU time, which other people's jobs on a shared machine do not skew.
         "spark_docs_per_cpu_s": spark["docs_per_cpu_s"],
         "loop_docs_per_cpu_s": loop["docs_per_cpu_s"],
