@@ -155,6 +155,30 @@ def test_rerun_with_identical_content_keeps_the_original(moto, tmp_path):
     assert moto["admin"].head_object(Bucket=BUCKET, Key=base + SUCCESS)["LastModified"] == success_at
 
 
+def test_a_racing_publisher_of_the_same_version_never_unmarks_it(moto, tmp_path):
+    """B checked for _SUCCESS just before A wrote it, so B uploads the same version again: the
+    version stays marked complete at every request B makes, and nothing of A's is deleted."""
+    root = f"s3://{BUCKET}/t-{uuid.uuid4().hex[:8]}"
+    a = s3_storage(moto["endpoint"], tmp_path / "a", root=root)
+    b = s3_storage(moto["endpoint"], tmp_path / "b", root=root)
+    first = a.publish(stage(a), "a", "p", {"by": "a"})
+    base = f"{a.prefix}a/p/{first.data_version}/"
+    b._exists = lambda key: False  # B's check ran before A's _SUCCESS existed
+    seen = []
+
+    def still_complete(params, **_):
+        seen.append((params["Key"], base + SUCCESS in keys(moto["admin"], base + SUCCESS)))
+
+    for event in ("PutObject", "DeleteObject", "CompleteMultipartUpload"):
+        b.client.meta.events.register(f"before-parameter-build.s3.{event}", still_complete)
+    second = b.publish(stage(b), "a", "p", {"by": "b"})
+    assert second.data_version == first.data_version
+    assert seen and all(ok for _, ok in seen), [k for k, ok in seen if not ok]
+    assert set(keys(moto["admin"], base)) == {base + rel for rel in FILES} | {base + MANIFEST, base + SUCCESS}
+    assert {p.relative_to(second.path).as_posix(): p.read_bytes() for p in second.path.rglob("*")
+            if p.is_file() and p.name not in (MANIFEST, SUCCESS)} == FILES
+
+
 KILLED_PUBLISH = """
 import os, signal, sys
 from pathlib import Path

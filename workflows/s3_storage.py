@@ -162,8 +162,9 @@ class S3Storage(LocalStorage):
         if wrong:
             raise StorageError(f"{uri}: {len(wrong)} uploaded files are missing or have the wrong size "
                                f"(first: {wrong[0]}); not marked complete")
-        # Left over by an earlier run of this version that was killed before its _SUCCESS.
-        for key in sorted(set(listed) - {base + rel for rel in files}):
+        # Left over by an earlier run of this version that was killed before its _SUCCESS. Never the
+        # markers: a concurrent publisher of the same version may have completed it meanwhile.
+        for key in sorted(set(listed) - {base + rel for rel in files} - {base + MANIFEST, base + SUCCESS}):
             self.client.delete_object(Bucket=self.bucket, Key=key)
         manifest = {**manifest, "files": {rel: path.stat().st_size for rel, path in files.items()}}
         text = json.dumps(manifest, indent=2, sort_keys=True, default=str)
