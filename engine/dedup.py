@@ -8,10 +8,8 @@ does not depend on partitioning, partition order or the number of cores):
 2. Near, over representatives only: LSH band hashes of the stored MinHash signatures,
    documents sharing a (band, band_hash) bucket get star edges to the bucket's smallest
    doc_id, edges are verified by Jaccard (exact on shingles by default), then connected
-   components: on the driver with scipy while the edge list is small (`cc_driver_max_edges`),
-   else large-star / small-star with plain DataFrame ops; both label a component with its
-   smallest doc_id. In each component the best document survives, the rest are removed
-   with reason `near`.
+   components (large-star / small-star with plain DataFrame ops). In each component the
+   best document survives, the rest are removed with reason `near`.
 
 Verification checks each star edge (member, bucket minimum), not every pair of a bucket:
 a member similar to another member but not to the minimum keeps its place only through
@@ -34,8 +32,6 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components as csgraph_components
 
 from engine.minhash import exact_hash, optimal_bands, shingle_hashes, signatures_from_bytes
 
@@ -73,13 +69,6 @@ class DedupConfig(BaseModel):
     keep_signal: str = Field("classifier_score", min_length=1, description="Column ranking documents to keep.")
     keep_signal_descending: bool = Field(True, description="True: higher keep_signal is better.")
     max_cc_iterations: int = Field(40, ge=1, le=1000, description="Large-star/small-star rounds before giving up.")
-    # Each large-star/small-star round is a few Spark jobs (~1 s of 13.8 s at 50k docs with 2
-    # rounds, more rounds on long chains), while a verified edge list this size fits on the driver.
-    cc_driver_max_edges: int = Field(
-        2_000_000, ge=0, le=100_000_000,
-        description="Connected components on the driver (scipy) when the verified edges number at most this; "
-        "larger graphs use large-star/small-star in Spark. 0: always Spark.",
-    )
     example_pairs: int = Field(5, ge=0, le=1000, description="Example (doc_id, kept_doc_id) pairs per reason in stats.")
 
     @model_validator(mode="before")
@@ -249,27 +238,6 @@ def _is_star_forest(edges: DataFrame) -> bool:
     return bad.limit(1).count() == 0
 
 
-def connected_components_on_driver(edges: DataFrame) -> DataFrame:
-    """Same labels as `connected_components`, computed on the driver with scipy: (doc_id, root)
-    for every node in an edge, root = the smallest node id of its component (Python's string
-    order is code-point order, which is Spark's UTF-8 byte order)."""
-    pdf = edges.select("src", "dst").toPandas()
-    if pdf.empty:
-        return edges.sparkSession.createDataFrame([], "doc_id string, root string")
-    codes, nodes = pd.factorize(pd.concat([pdf["src"], pdf["dst"]], ignore_index=True))
-    nodes = np.asarray(nodes, dtype=object)
-    m, n = len(pdf), len(nodes)
-    graph = coo_matrix((np.ones(m, dtype=np.int8), (codes[:m], codes[m:])), shape=(n, n))
-    n_components, component = csgraph_components(graph, directed=False)
-    by_id = np.argsort(nodes)
-    rank = np.empty(n, dtype=np.int64)
-    rank[by_id] = np.arange(n)
-    smallest = np.full(n_components, n, dtype=np.int64)
-    np.minimum.at(smallest, component, rank)
-    labels = pd.DataFrame({"doc_id": nodes, "root": nodes[by_id[smallest[component]]]})
-    return edges.sparkSession.createDataFrame(labels, "doc_id string, root string")
-
-
 def connected_components(edges: DataFrame, max_iterations: int = 40) -> tuple[DataFrame, int]:
     """Components of the undirected graph `edges` (src, dst: string node ids).
 
@@ -358,12 +326,7 @@ def deduplicate(
         if cfg.verify_jaccard:
             candidates = _materialise(_verify(candidates, rep_sigs, docs_df, cfg))
             stats["verified_edges"] = candidates.count()
-        if stats.get("verified_edges", stats["candidate_edges"]) <= cfg.cc_driver_max_edges:
-            labels = connected_components_on_driver(candidates)
-            stats["cc_on_driver"] = 1
-        else:
-            labels, stats["cc_iterations"] = connected_components(candidates, cfg.max_cc_iterations)
-            stats["cc_on_driver"] = 0
+        labels, stats["cc_iterations"] = connected_components(candidates, cfg.max_cc_iterations)
 
         in_component = Window.partitionBy("root")
         ranked = Window.partitionBy("root").orderBy(*order)
