@@ -26,6 +26,7 @@ import fnmatch
 import gzip
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -94,6 +95,41 @@ def source_for_snapshot(raw: RawCrawlConfig, snapshot: str):
 # S3
 # ---------------------------------------------------------------------------------------------
 
+class _RedactSecrets(logging.Filter):
+    """Replaces known secret values in a log record's message with `***`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = message
+        for secret in self.secrets:
+            redacted = redacted.replace(secret, "***")
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
+# botocore's DEBUG lines print request headers and canonical requests, the session token included.
+_LOGGERS_THAT_PRINT_HEADERS = ("botocore.endpoint", "botocore.auth", "botocore.httpsession", "botocore.hooks")
+_REDACT = _RedactSecrets()
+
+
+def _redact_credentials_in_logs(session: boto3.session.Session) -> None:
+    """Keep this session's secret key and session token out of botocore's own log lines."""
+    credentials = session.get_credentials()
+    if credentials is None:
+        return
+    frozen = credentials.get_frozen_credentials()
+    _REDACT.secrets.update(value for value in (frozen.secret_key, frozen.token) if value and len(value) >= 8)
+    for name in _LOGGERS_THAT_PRINT_HEADERS:
+        logger = logging.getLogger(name)
+        if _REDACT not in logger.filters:
+            logger.addFilter(_REDACT)
+
+
 def s3_client(endpoint_url: str | None = None, *, max_attempts: int = 5, unsigned: bool = False,
               connect_timeout: float = 20, read_timeout: float = 60):
     """boto3 S3 client with standard-mode retries; credentials from boto3's default chain.
@@ -110,6 +146,8 @@ def s3_client(endpoint_url: str | None = None, *, max_attempts: int = 5, unsigne
         read_timeout=read_timeout,
         **({"signature_version": UNSIGNED} if unsigned else {}),
     )
+    if not unsigned:
+        _redact_credentials_in_logs(session)
     return session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config)
 
 
