@@ -3,8 +3,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STATE := $(CURDIR)/.kiln
+# The state folder (Dagster home, MLflow store, storage root): KILN_STATE_DIR, as the CLI reads it.
+STATE := $(or $(KILN_STATE_DIR),$(CURDIR)/.kiln)
 export DAGSTER_HOME ?= $(STATE)/dagster
+UI_PORT ?= 3000
+MLFLOW_PORT ?= 5000
 export PYTHONUNBUFFERED := 1
 
 .PHONY: install demo test test-quick ui mlflow clean
@@ -36,10 +39,10 @@ test-quick: $(VENV)/.eval-extra
 ui: install
 	@# $(DAGSTER_HOME)/dagster.yaml: sqlite, or Postgres when DAGSTER_PG_HOST/USER/DB (+PASSWORD, PORT) are set.
 	@$(BIN)/python -m workflows.instance >/dev/null
-	$(BIN)/dagster dev -m workflows.definitions -h 127.0.0.1 -p 3000
+	$(BIN)/dagster dev -m workflows.definitions -h 127.0.0.1 -p $(UI_PORT)
 
 mlflow: install
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(STATE)/mlflow.db --host 127.0.0.1 --port 5000
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(STATE)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
 
 clean:
 	rm -rf $(STATE)

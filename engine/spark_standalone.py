@@ -79,32 +79,44 @@ class StandaloneCluster:
             self.work_dir = Path(tempfile.mkdtemp(prefix="kiln-spark-cluster-"))
         self.work_dir = Path(self.work_dir)
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        try:  # whatever fails on the way (a spawn, a timeout, Ctrl-C), nothing is left running
+            self._start_master()
+            for i in range(self.workers):
+                worker_dir = self.work_dir / f"worker-{i}"
+                worker_dir.mkdir(exist_ok=True)
+                self._spawn(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", "--host", self.host,
+                                            "--webui-port", str(free_port(self.host)), "--cores", str(self.cores),
+                                            "--memory", self.memory, "--work-dir", str(worker_dir), self.master_url])
+            self._wait_until(lambda state: len([w for w in state.get("workers", []) if w.get("state") == "ALIVE"])
+                             >= self.workers, f"{self.workers} workers")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_master(self) -> None:
         port, webui = free_port(self.host), free_port(self.host)
-        self.master_url = f"spark://{self.host}:{port}"
         self.webui_url = f"http://{self.host}:{webui}"
         self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", self.host, "--port", str(port),
                                "--webui-port", str(webui)])
-        for i in range(self.workers):
-            worker_dir = self.work_dir / f"worker-{i}"
-            worker_dir.mkdir(exist_ok=True)
-            self._spawn(f"worker-{i}", ["org.apache.spark.deploy.worker.Worker", "--host", self.host,
-                                        "--webui-port", str(free_port(self.host)), "--cores", str(self.cores),
-                                        "--memory", self.memory, "--work-dir", str(worker_dir), self.master_url])
+        # The master's own URL: Spark moves to the next port if another process took this one meanwhile.
+        self.master_url = self._wait_until(lambda state: state.get("url"), "the master")
+
+    def _wait_until(self, ready, what: str):
+        """Poll the master's state until `ready(state)` is truthy; fail fast if a process died."""
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             dead = [p.args[1] for p in self._procs if p.poll() is not None]
             if dead:
-                self.stop()
                 raise RuntimeError(f"Spark process exited during start-up: {dead}; logs in {self.work_dir}")
             try:
-                alive = [w for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
-                if len(alive) >= self.workers:
-                    return self
+                value = ready(self.state())
+                if value:
+                    return value
             except OSError:
                 pass  # the master's web UI is not up yet
             if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"Spark cluster not ready in {self.start_timeout_s}s; logs in {self.work_dir}")
+                raise TimeoutError(f"Spark cluster: {what} not ready in {self.start_timeout_s}s; logs in {self.work_dir}")
             time.sleep(1)
 
     def stop(self) -> None:

@@ -345,8 +345,15 @@ def test_two_concurrent_materializations_of_one_partition(upstream):
     procs = [subprocess.Popen([sys.executable, "-c", MATERIALIZE, json.dumps([[["documents"], True]])], cwd=REPO_ROOT,
                               env=upstream["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
              for log in logs]
+    part = storage.partition_dir("documents", SNAPSHOT)
+    most_writing = 0  # the most staging folders seen at once: 2 shows that the runs really overlapped
     try:
-        codes = [proc.wait(timeout=600) for proc in procs]
+        deadline = time.time() + 600
+        while any(proc.poll() is None for proc in procs) and time.time() < deadline:
+            writing = [s for s in part.glob(".staging-*") if s.is_dir()] if part.is_dir() else []
+            most_writing = max(most_writing, len(writing))
+            time.sleep(0.02)
+        codes = [proc.wait(timeout=60) for proc in procs]
     finally:
         for proc, log in zip(procs, logs):
             if proc.poll() is None:
@@ -357,7 +364,8 @@ def test_two_concurrent_materializations_of_one_partition(upstream):
     assert 0 in codes, "neither concurrent run succeeded:\n" + "\n".join(o[-3000:] for o in outputs)
     for code, output in zip(codes, outputs):  # a loser must fail as a plain error, not be killed or hang
         assert code == 0 or (code == 1 and "Traceback" in output), output[-3000:]
-    print("concurrent exit codes:", codes)
+    print("concurrent exit codes:", codes, "staging folders at once:", most_writing)
+    assert most_writing == 2, "the two runs never wrote at the same time: nothing concurrent was tested"
     for code, output in zip(codes, outputs):  # every winner reported the same bytes to Dagster
         assert code != 0 or reported_versions(output, "documents") == [upstream["reference"]["documents"]]
     artifact = storage.latest("documents", SNAPSHOT)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import skip_or_fail
 from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT, ConfigError
 from workflows.instance import HEADER, ensure_dagster_home, instance_yaml
 
@@ -71,9 +72,7 @@ def test_dagster_home_follows_the_environment_but_keeps_a_users_own_file(tmp_pat
 # --- a real server (slow) -------------------------------------------------------------------------
 
 def _unavailable(reason: str):
-    if os.environ.get("KILN_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"KILN_REQUIRE_POSTGRES=1 but {reason}")
-    pytest.skip(reason)
+    skip_or_fail("postgres", reason)
 
 
 @pytest.fixture(scope="module")

@@ -104,3 +104,21 @@ def test_the_cluster_really_ran_the_stages(runs):
         executors = list((runs["cluster_dir"] / f"worker-{i}" / app_id).iterdir())
         assert executors and (executors[0] / "stderr").stat().st_size > 0
     assert apps[0]["cores"] == 2 and apps[0]["duration"] > 0
+
+
+def test_a_failed_start_leaves_no_process_running(tmp_path, monkeypatch):
+    cluster = StandaloneCluster(workers=2, work_dir=tmp_path)
+    spawn = cluster._spawn
+
+    def worker_cannot_start(name, args):
+        if name.startswith("worker"):
+            raise OSError("no such executable")
+        return spawn(name, args)
+
+    monkeypatch.setattr(cluster, "_spawn", worker_cannot_start)
+    with pytest.raises(OSError, match="no such executable"):
+        cluster.start()
+    assert cluster.master_url.startswith("spark://127.0.0.1:")  # the master did come up first
+    assert cluster._procs == []
+    master_log = (tmp_path / "master.log").read_text()
+    assert "Starting Spark master" in master_log or "Master" in master_log

@@ -179,6 +179,54 @@ def test_a_racing_publisher_of_the_same_version_never_unmarks_it(moto, tmp_path)
             if p.is_file() and p.name not in (MANIFEST, SUCCESS)} == FILES
 
 
+def test_a_publisher_that_loses_the_race_after_uploading_keeps_the_winners_manifest_and_files(moto, tmp_path):
+    """B's first check ran before A's _SUCCESS existed; by the time B's uploads are done A has
+    completed the version: B deletes nothing of A's, rewrites no marker, and returns A's version."""
+    root = f"s3://{BUCKET}/t-{uuid.uuid4().hex[:8]}"
+    a = s3_storage(moto["endpoint"], tmp_path / "a", root=root)
+    b = s3_storage(moto["endpoint"], tmp_path / "b", root=root)
+    first = a.publish(stage(a, {**FILES, "log-a.txt": b"timings of run a"}), "a", "p", {"by": "a"},
+                      version_files=["data/*"])
+    base = f"{a.prefix}a/p/{first.data_version}/"
+    real_exists, checks = b._exists, []
+
+    def first_check_misses(key: str) -> bool:
+        checks.append(key)
+        return False if len(checks) == 1 else real_exists(key)
+
+    b._exists = first_check_misses
+    puts, deletes = [], []
+    b.client.meta.events.register("before-parameter-build.s3.PutObject", lambda params, **_: puts.append(params["Key"]))
+    b.client.meta.events.register("before-parameter-build.s3.DeleteObject", lambda params, **_: deletes.append(params["Key"]))
+    second = b.publish(stage(b, {**FILES, "log-b.txt": b"b"}), "a", "p", {"by": "b"}, version_files=["data/*"])
+    assert second.data_version == first.data_version and checks[:2] == [base + SUCCESS] * 2
+    assert deletes == [] and base + MANIFEST not in puts and base + SUCCESS not in puts
+    assert json.loads(body(moto["admin"], base + MANIFEST))["by"] == "a"
+    assert body(moto["admin"], base + "log-a.txt") == b"timings of run a"
+
+
+def test_a_failed_latest_pointer_says_the_version_is_complete(moto, tmp_path):
+    storage = s3_storage(moto["endpoint"], tmp_path)
+
+    def refuse_latest(params, **_):
+        if params["Key"].endswith(LATEST):
+            raise ConnectionError("dropped")
+
+    storage.client.meta.events.register("before-parameter-build.s3.PutObject", refuse_latest)
+    with pytest.raises(StorageError, match=r"published and complete .*_LATEST pointer could not be moved"):
+        storage.publish(stage(storage), "a", "p", {})
+    staged_version = next(iter(storage.complete_versions("a", "p")))
+    assert storage.artifact("a", "p", staged_version).path.is_dir()
+
+
+def test_a_version_published_without_mark_latest_is_complete_but_not_latest(moto, tmp_path):
+    storage = s3_storage(moto["endpoint"], tmp_path)
+    good = storage.publish(stage(storage, {"data/x": b"good"}), "a", "p", {})
+    failed = storage.publish(stage(storage, {"data/x": b"failed a blocking check"}), "a", "p", {}, mark_latest=False)
+    assert storage.latest("a", "p").data_version == good.data_version != failed.data_version
+    assert storage.artifact("a", "p", failed.data_version).path.is_dir()
+
+
 KILLED_PUBLISH = """
 import os, signal, sys
 from pathlib import Path

@@ -1,11 +1,10 @@
 """The web UIs, driven as a person drives them: Playwright with Debian's Chromium, headless.
 
 On a copy of the `demo_pipeline` state (so the end-to-end test's state is never touched), the test
-starts the README's commands (`make ui`: `dagster dev -m workflows.definitions -h 127.0.0.1`, and
-`make mlflow`: `mlflow ui --backend-store-uri sqlite:///<state>/mlflow.db`) on free ports and clicks
-through them: the asset graph, a partitioned materialization of `filtered` and its rejection table,
-the training run in MLflow with its loss chart and link back to Dagster, and the partial re-run after
-a threshold change. Screenshots go to $KILN_TEST_ARTIFACTS (default: a pytest temp folder), also on
+starts the README's commands, `make ui` and `make mlflow`, with KILN_STATE_DIR at the copy and
+UI_PORT/MLFLOW_PORT at free ports, and clicks through them: the asset graph, a partitioned
+materialization of `filtered` and its rejection table, the training run in MLflow with its loss
+chart and link back to Dagster, and the partial re-run after a threshold change. Screenshots go to $KILN_TEST_ARTIFACTS (default: a pytest temp folder), also on
 failure. The tests run in file order; the threshold story mutates the copy and comes last.
 """
 import json
@@ -14,7 +13,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -24,12 +22,12 @@ import pytest
 import yaml
 from playwright.sync_api import expect, sync_playwright
 
+from conftest import skip_or_fail
 from kiln_demo import ASSETS, GROUPS, SNAPSHOT
 from workflows.config import REPO_ROOT
 
 pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's package; Playwright's own browsers are not downloaded
-BIN = Path(sys.executable).parent
 UPSTREAM_OF_FILTERED = ["raw_crawl", "documents", "quality_signals", "quality_classifier"]
 UI_TIMEOUT_MS = 120_000  # a slow, shared 2-core machine: generous waits for every UI step
 RUN_TIMEOUT_S = 900
@@ -94,13 +92,20 @@ def ui_state(demo_pipeline, tmp_path_factory) -> dict:
     return {"state": state, "root": state / "storage", "env": env}
 
 
+def make_command(target: str, ui_state: dict, **variables) -> list[str]:
+    """The README's `make <target>` on the copied state, with its port variable set."""
+    if not (REPO_ROOT / ".venv" / "bin" / "kiln").exists():
+        skip_or_fail("browser", "no .venv: the browser tests start the UIs with `make`, run them through `make test`")
+    settings = [f"{name}={value}" for name, value in variables.items()]
+    return ["make", "--no-print-directory", target, f"KILN_STATE_DIR={ui_state['state']}", *settings]
+
+
 @pytest.fixture(scope="module")
 def dagster_ui(ui_state):
-    """`make ui`'s command line on a free port."""
+    """`make ui` (the README's command) on a free port."""
     port = free_port()
     log = ui_state["state"] / "dagster-dev.log"
-    command = [str(BIN / "dagster"), "dev", "-m", "workflows.definitions", "-h", "127.0.0.1", "-p", str(port)]
-    with server(command, ui_state["env"], log) as process:
+    with server(make_command("ui", ui_state, UI_PORT=port), ui_state["env"], log) as process:
         base = f"http://127.0.0.1:{port}"
         query = json.dumps({"query": "{ assetNodes { id } }"}).encode()
         wait_http(f"{base}/graphql", process, log, data=query)
@@ -109,12 +114,10 @@ def dagster_ui(ui_state):
 
 @pytest.fixture(scope="module")
 def mlflow_ui(ui_state):
-    """`make mlflow`'s command line on a free port."""
+    """`make mlflow` (the README's command) on a free port."""
     port = free_port()
     log = ui_state["state"] / "mlflow-ui.log"
-    command = [str(BIN / "mlflow"), "ui", "--backend-store-uri", f"sqlite:///{ui_state['state'] / 'mlflow.db'}",
-               "--host", "127.0.0.1", "--port", str(port)]
-    with server(command, ui_state["env"], log) as process:
+    with server(make_command("mlflow", ui_state, MLFLOW_PORT=port), ui_state["env"], log) as process:
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/health", process, log)
         yield base
@@ -123,7 +126,7 @@ def mlflow_ui(ui_state):
 @pytest.fixture(scope="module")
 def browser():
     if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} not found: install Debian's chromium package (.ci/run does) to run browser tests")
+        skip_or_fail("browser", f"{CHROMIUM} not found: install Debian's chromium package (.ci/run does)")
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         yield chromium

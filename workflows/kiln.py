@@ -141,13 +141,20 @@ class KilnResource(dg.ConfigurableResource):
         version_files: list[str] | None = None,
         check_results: list[dg.AssetCheckResult] | None = None,
     ) -> dg.MaterializeResult:
-        """Publish the staging folder (content hash, manifest, `_SUCCESS`) and describe it to Dagster."""
+        """Publish the staging folder (content hash, manifest, `_SUCCESS`) and describe it to Dagster.
+
+        A version whose blocking check failed is still published complete, so it can be inspected
+        and traced by its data version, but `_LATEST` stays on the previous version: later runs of
+        downstream stages never read it."""
         asset = context.asset_key.to_user_string()
         partition = context.partition_key if context.has_partition_key else None
         input_versions = {
             name: ({a.partition: a.data_version for a in value} if isinstance(value, list) else value.data_version)
             for name, value in (inputs or {}).items()
         }
+        blocking = {spec.name for spec in context.assets_def.check_specs if spec.blocking}
+        checks = {result.check_name: bool(result.passed) for result in check_results or []}
+        failed = sorted(name for name, passed in checks.items() if not passed and name in blocking)
         manifest = {
             "inputs": input_versions,
             "config": {s: getattr(self._config, s).model_dump(mode="json") for s in STAGE_SECTIONS[asset]},
@@ -155,10 +162,17 @@ class KilnResource(dg.ConfigurableResource):
             "git_commit": git_commit(),
             "dagster_run_id": context.run.run_id,
             "counts": counts or {},
+            "checks": checks,
+            "failed_blocking_checks": failed,
             "wall_seconds": round(time.time() - started, 3) if started else None,
         }
-        artifact = self._storage.publish(staging, asset, partition, manifest, version_files)
-        context.log.info(f"published {asset}[{artifact.partition}] -> {artifact.location}")
+        artifact = self._storage.publish(staging, asset, partition, manifest, version_files, mark_latest=not failed)
+        if failed:
+            context.log.warning(f"{asset}[{artifact.partition}] failed its blocking check(s) {failed}: published as "
+                                f"{artifact.location} for inspection, NOT marked latest; downstream keeps reading "
+                                f"the previous version")
+        else:
+            context.log.info(f"published {asset}[{artifact.partition}] -> {artifact.location}")
         meta = {
             "path": dg.MetadataValue.path(artifact.location),
             "data_version": artifact.data_version,
@@ -167,7 +181,8 @@ class KilnResource(dg.ConfigurableResource):
             **(metadata or {}),
         }
         # Where it was published wins over a same-named key a stage passed (e.g. a staging path).
-        meta.update(path=dg.MetadataValue.path(artifact.location), data_version=artifact.data_version)
+        meta.update(path=dg.MetadataValue.path(artifact.location), data_version=artifact.data_version,
+                    marked_latest=not failed)
         return dg.MaterializeResult(
             metadata=meta, data_version=dg.DataVersion(artifact.data_version), check_results=check_results or []
         )

@@ -123,30 +123,43 @@ class S3Storage(LocalStorage):
         partition: str | None,
         manifest: dict,
         version_files: list[str] | None = None,
+        mark_latest: bool = True,
     ) -> Artifact:
         data_version = content_hash(staging, version_files)[:16]
         base = self._key(asset, partition, data_version) + "/"
         uri = self.uri(asset, partition, data_version)
+        name = f"{asset}[{partition or UNPARTITIONED}]"
         try:
             if self._exists(base + SUCCESS):
                 # Same content already published (a rerun with nothing changed): keep the original.
                 self.discard(staging)
             else:
-                self._upload(staging, base, uri, {**manifest, "asset": asset, "partition": partition,
-                                                  "data_version": data_version})
-                self._keep_local_copy(staging, self.partition_dir(asset, partition) / data_version)
-            self._put(self._key(asset, partition, LATEST), data_version.encode())
+                won = self._upload(staging, base, uri, {**manifest, "asset": asset, "partition": partition,
+                                                        "data_version": data_version})
+                if won:
+                    self._keep_local_copy(staging, self.partition_dir(asset, partition) / data_version)
+                else:
+                    self.discard(staging)
         except StorageError:
             raise
         except Exception as error:  # botocore/s3transfer errors, after the configured retries
             raise StorageError(
-                f"publishing {asset}[{partition or UNPARTITIONED}] to {uri} failed after up to {self.max_attempts} "
-                f"attempts per request ({_reason(error)}). It was not marked complete (no {SUCCESS}); "
-                f"the staged files stay in {staging}."
+                f"publishing {name} to {uri} failed after up to {self.max_attempts} attempts per request "
+                f"({_reason(error)}). It was not marked complete (no {SUCCESS}); the staged files stay in {staging}."
             ) from error
+        if mark_latest:
+            try:
+                self._put(self._key(asset, partition, LATEST), data_version.encode())
+            except Exception as error:
+                raise StorageError(
+                    f"{uri} is published and complete ({SUCCESS} written), but the partition's {LATEST} pointer "
+                    f"could not be moved to it ({_reason(error)}); readers still get the previous version. "
+                    f"Re-running the stage republishes nothing and retries the pointer."
+                ) from error
         return self.artifact(asset, partition, data_version)
 
-    def _upload(self, staging: Path, base: str, uri: str, manifest: dict) -> None:
+    def _upload(self, staging: Path, base: str, uri: str, manifest: dict) -> bool:
+        """Upload, verify, then mark complete; False if a concurrent publisher completed it first."""
         files = {}
         for path in sorted(staging.rglob("*")):
             rel = path.relative_to(staging).as_posix()
@@ -156,9 +169,15 @@ class S3Storage(LocalStorage):
             futures = [manager.upload(str(path), self.bucket, base + rel) for rel, path in files.items()]
             for future in futures:
                 future.result()
+        if self._exists(base + SUCCESS):
+            # A concurrent publisher of this version completed it while we uploaded: its manifest
+            # and files stand (the data files are byte-identical; logs and timings may differ).
+            return False
         # Every staged file must be listed with its size before anything marks the version complete.
         listed = self._listing(base)
         wrong = sorted(rel for rel, path in files.items() if listed.get(base + rel) != path.stat().st_size)
+        if wrong and self._exists(base + SUCCESS):
+            return False  # overwritten by a concurrent publisher that has completed meanwhile
         if wrong:
             raise StorageError(f"{uri}: {len(wrong)} uploaded files are missing or have the wrong size "
                                f"(first: {wrong[0]}); not marked complete")
@@ -172,6 +191,7 @@ class S3Storage(LocalStorage):
         self._put(base + MANIFEST, text.encode())
         self._put(base + SUCCESS, b"")
         (staging / SUCCESS).write_text("")
+        return True
 
     def _keep_local_copy(self, folder: Path, final: Path) -> None:
         """The published staging folder becomes the read copy, so this process need not download it."""

@@ -166,7 +166,10 @@ class LocalStorage:
         partition: str | None,
         manifest: dict,
         version_files: list[str] | None = None,
+        mark_latest: bool = True,
     ) -> Artifact:
+        """Publish `staging` as a complete version; `mark_latest=False` keeps `_LATEST` where it was
+        (a version whose blocking check failed stays readable by its data version only)."""
         data_version = content_hash(staging, version_files)[:16]
         folder = self.partition_dir(asset, partition)
         final = folder / data_version
@@ -183,7 +186,8 @@ class LocalStorage:
                 manifest = {**manifest, "asset": asset, "partition": partition, "data_version": data_version}
                 _write_atomic(final / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
                 (final / SUCCESS).write_text("")
-            _write_atomic(folder / LATEST, data_version)
+            if mark_latest:
+                _write_atomic(folder / LATEST, data_version)
         return Artifact(asset, partition or UNPARTITIONED, data_version, final)
 
     def latest(self, asset: str, partition: str | None) -> Artifact:

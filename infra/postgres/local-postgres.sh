@@ -14,7 +14,8 @@ cmd=${1:?usage: $0 start|stop DIR}
 dir=${2:?usage: $0 start|stop DIR}
 prefix=${PREFIX:-DAGSTER_PG}
 
-bindir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+# The newest of Debian's installed server versions.
+bindir=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin -type d 2>/dev/null | sort -V | tail -n 1)
 if [ -z "$bindir" ] || [ ! -x "$bindir/initdb" ]; then
   initdb_path=$(command -v initdb || true)
   [ -n "$initdb_path" ] || { echo "PostgreSQL server binaries (initdb) not found" >&2; exit 3; }
