@@ -11,16 +11,21 @@ What a URL passes before a byte is fetched, in order:
 - the per-host delay between requests.
 While fetching: a Content-Length above the cap is skipped without reading the body, a body without
 one is read in chunks and dropped once it passes the cap, and connect, read and whole-page timeouts
-apply. Redirects are followed one hop at a time, every hop checked like a new URL, with a hop limit
-and loop detection. Every attempt leaves a line in the crawl log: what was refused or dropped is data.
+apply (the whole-page one by a timer that shuts the socket, so a server dripping bytes just under
+the read timeout cannot hold the crawl). A body read to its end leaves its connection in the pool
+for the host's next request; any other ends it. Redirects are followed one hop at a time, every
+hop checked like a new URL, with a hop limit and loop detection. Every attempt leaves a line in
+the crawl log: what was refused or dropped is data.
 """
 from __future__ import annotations
 
 import heapq
 import ipaddress
 import json
+import contextvars
 import re
 import socket
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -133,6 +138,84 @@ def _host_port(url: str) -> tuple[str, int]:
 def _origin(url: str) -> str:
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.netloc}"
+
+
+class _PageDeadline:
+    """The whole-page time limit of one request, on real time whatever clock paces the crawl.
+
+    urllib3's read timeout bounds each socket read, and a read returns as soon as any byte
+    arrives, so a server dripping a byte every few seconds is never timed out by it. At the
+    deadline a timer shuts the socket for reading: a read blocked on the head or the body then
+    returns at once, and the request is reported as a timeout.
+    """
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.deadline = time.monotonic() + seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._stopped = False
+
+    def watch(self, sock) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire, (sock,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self, sock) -> None:
+        with self._lock:  # never after stop(): the connection may already serve the next request
+            if self._stopped:
+                return
+            self.expired = True
+            try:
+                # The plain socket call, also under TLS: SSLSocket.shutdown would drop its SSL
+                # object under the reading thread.
+                socket.socket.shutdown(sock, socket.SHUT_RD)
+            except OSError:
+                pass
+
+    def stop(self) -> bool:
+        """Disarm the timer; True if it fired (the connection is then unusable)."""
+        with self._lock:
+            self._stopped = True
+            if self._timer is not None:
+                self._timer.cancel()
+            return self.expired
+
+
+_PAGE_DEADLINE: contextvars.ContextVar[_PageDeadline | None] = contextvars.ContextVar("kiln_page_deadline", default=None)
+
+
+class _DeadlineConnection:
+    """Arms the current request's deadline on the socket just before the response head is read
+    (a kept-alive connection is reused, so connect() is not the place)."""
+
+    def getresponse(self):
+        deadline = _PAGE_DEADLINE.get()
+        if deadline is not None and self.sock is not None:
+            deadline.watch(self.sock)
+        return super().getresponse()
+
+
+class _HTTPConnection(_DeadlineConnection, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _HTTPSConnection(_DeadlineConnection, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _HTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _HTTPSConnection
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,12 +381,12 @@ class Crawler:
                         ca_certs = certifi.where()
                     except ImportError:  # the system's trust store then
                         pass
-                self._pools[key] = urllib3.HTTPSConnectionPool(
+                self._pools[key] = _HTTPSPool(
                     ip, port, maxsize=1, cert_reqs="CERT_REQUIRED", ca_certs=ca_certs,
                     server_hostname=host, assert_hostname=host,
                 )
             else:
-                self._pools[key] = urllib3.HTTPConnectionPool(ip, port, maxsize=1)
+                self._pools[key] = _HTTPPool(ip, port, maxsize=1)
         return self._pools[key]
 
     def _request(self, url: str, max_bytes: int, *, cut_off: bool = False) -> Fetched:
@@ -320,8 +403,9 @@ class Crawler:
         ]
         timeout = urllib3.Timeout(connect=self.settings.timeout_seconds, read=self.settings.timeout_seconds)
         self._wait_turn(host)
-        started = self.clock()
-        response, complete = None, False
+        deadline = _PageDeadline(self.settings.page_timeout_seconds)
+        token = _PAGE_DEADLINE.set(deadline)
+        response, complete, body = None, False, bytearray()
         try:
             response = self._pool(parts.scheme, ip, port, host).urlopen(
                 "GET", path, headers=dict(headers), redirect=False, retries=False,
@@ -330,27 +414,35 @@ class Crawler:
             declared = response.headers.get("Content-Length", "")
             if declared.strip().isdigit() and int(declared) > max_bytes and not cut_off:
                 raise FetchRefused("too_large", f"Content-Length {int(declared)} > {max_bytes}")
-            body = bytearray()
-            for chunk in response.stream(CHUNK_BYTES, decode_content=False):
+            # read1 returns whatever has arrived (up to a chunk), so the byte count is exact
+            # when the deadline or the cap cuts a body off.
+            while chunk := response.read1(CHUNK_BYTES, decode_content=False):
                 body += chunk
                 if len(body) > max_bytes:
                     if cut_off:
                         del body[max_bytes:]
                         break
                     raise FetchRefused("too_large", f"body passed {max_bytes} bytes", len(body))
-                if self.clock() - started > self.settings.page_timeout_seconds:
-                    raise FetchRefused("timeout", f"page took over {self.settings.page_timeout_seconds}s", len(body))
+            else:
+                complete = True
         except urllib3.exceptions.TimeoutError as error:
-            raise FetchRefused("timeout", type(error).__name__) from None
+            if not deadline.expired:
+                raise FetchRefused("timeout", type(error).__name__, len(body)) from None
         except urllib3.exceptions.HTTPError as error:
-            raise FetchRefused("connection_error", f"{type(error).__name__}: {error}") from None
-            complete = True
+            if not deadline.expired:  # else the shut socket is what broke the read
+                raise FetchRefused("connection_error", f"{type(error).__name__}: {error}", len(body)) from None
         finally:
+            _PAGE_DEADLINE.reset(token)
+            expired = deadline.stop()
             if response is not None:
-                if not complete:
+                if not complete or expired:
                     response.close()  # never drain: an unread body stays unread
-                response.release_conn()
+                response.release_conn()  # complete and in time: back to the pool, kept alive
             self._next_request[host] = self.clock() + self._host_delay(host)
+        if expired:
+            # Also when the read ended "cleanly": a close-delimited body cut by the shutdown looks complete.
+            raise FetchRefused("timeout", f"page took over {self.settings.page_timeout_seconds}s (whole-page deadline)",
+                               len(body))
         version = {10: "HTTP/1.0", 11: "HTTP/1.1"}.get(response.version, "HTTP/1.1")
         return Fetched(
             url=url, ip=ip, status=response.status, reason=response.reason or "", version=version,

@@ -8,11 +8,19 @@ per file.
 Skip reasons: not_response (warcinfo/request/metadata/...), revisit, non_200, non_html,
 too_large, truncated, decode_error, extract_error, empty_text, corrupt (framing or HTTP head
 FastWARC cannot parse), bad_gzip (a compressed member that fails to inflate), not_warc (e.g. an
-ARC file). After `corrupt`/`bad_gzip` the reader resynchronises on the next record start, so
-one flipped bit does not cost the rest of the file.
+ARC file), and in the Spark stage duplicate_record (a second record with a doc_id already taken).
+After `corrupt`/`bad_gzip` the reader resynchronises on the next record start, so one flipped
+bit does not cost the rest of the file; that holds for the first member too.
+
+doc_id: sha1(snapshot, WARC-Record-ID) (a WET record's WARC-Refers-To: the response it was made
+from); a record without an id falls back to its URL plus the SHA-1 of its payload. doc_ids are
+unique within a snapshot: when records share one (the .warc.gz and .wet of one capture in one
+folder, a record written twice), the stage keeps the first by (response before resource before
+WET conversion, WARC file name, position in the file) and counts the others.
 """
 from __future__ import annotations
 
+import base64
 import codecs
 import hashlib
 import importlib.util
@@ -44,10 +52,22 @@ _ARROW_BATCH_ROWS = 256  # rows per Arrow batch out of a Spark task; bounds work
 _HTML_SNIFF = re.compile(rb"^\s*(?:<!--.*?-->\s*)*<(?:!doctype\s+html|html|head|body|meta|title)\b", re.I | re.S)
 _CHARSET_PARAM = re.compile(r"charset\s*=\s*[\"']?([A-Za-z0-9_.:\-]+)", re.I)
 _SINGLE_BYTE = {"cp1252", "iso8859-1", "latin-1", "ascii"}
+# Which record of a repeated doc_id the stage keeps: the response (the source), then a resource,
+# then a WET conversion (text someone else extracted).
+_KIND_RANK = {"http": 0, "resource": 1, "conversion": 2}
+# Repeated doc_ids up to this many are broadcast to the join that drops the extra copies (so the
+# documents' text is not shuffled); beyond it Spark plans the join itself.
+_BROADCAST_DUPLICATES = 200_000
 
 
 def doc_id_for(snapshot: str, record_id: str) -> str:
     return hashlib.sha1(f"{snapshot}\x00{record_id}".encode("utf-8")).hexdigest()[:20]
+
+
+def payload_key(url: str, payload: bytes) -> str:
+    """What a record without WARC-Record-ID is keyed by: URL plus the SHA-1 of its payload, in
+    WARC-Payload-Digest's notation (computed, not read: the header may be missing or wrong)."""
+    return f"{url}\x00sha1:{base64.b32encode(hashlib.sha1(payload).digest()).decode('ascii')}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -66,6 +86,7 @@ class _Candidate:
     content_type: str  # full Content-Type (HTTP for responses, WARC header otherwise)
     body: bytes
     truncated: bool
+    offset: int = 0  # where the record starts in its file (the tie-break among repeated doc_ids)
 
 
 def _header(rec, name: str) -> str:
@@ -89,6 +110,20 @@ def _starts_with_warc(path: str, gz: bool) -> bool | None:
         except zlib.error:
             return False
     return head.lstrip(b"\r\n").startswith(b"WARC/")
+
+
+def _first_intact_record(path: str, gz: bool) -> tuple[int | None, bool]:
+    """(offset, gzip?) of the first intact record after a damaged start, or (None, gz).
+
+    Looks for a gzip member that inflates to `WARC/` and for a plain `WARC/1.` line, so a file
+    whose first member is garbled (its gzip magic included) still yields the records after it.
+    An ARC or text file has neither and stays not_warc."""
+    with open(path, "rb") as f:
+        for packed in (gz, not gz):
+            hit = _find_next_record(f, 1, packed)
+            if hit is not None:
+                return hit, packed
+    return None, gz
 
 
 def _find_next_record(f, pos: int, gz: bool) -> int | None:
@@ -186,6 +221,7 @@ def _triage(rec, max_bytes: int) -> _Candidate | str:
         content_type=content_type,
         body=body,
         truncated=len(body) < rec.content_length or bool(_header(rec, "WARC-Truncated")),
+        offset=rec.stream_pos,
     )
 
 
@@ -195,12 +231,16 @@ def _scan_records(path: str, max_bytes: int) -> Iterator[_Candidate | str]:
     looks_like_warc = _starts_with_warc(path, gz)
     if looks_like_warc is None:
         return
+    start: int | None = 0
     if not looks_like_warc:
-        yield "not_warc"
-        return
+        # A damaged first member must not cost the intact members after it.
+        start, gz = _first_intact_record(path, gz)
+        if start is None:
+            yield "not_warc"
+            return
+        yield "bad_gzip" if gz else "corrupt"
     from fastwarc.warc import ArchiveIterator
 
-    start: int | None = 0
     in_damage = False  # one count per damaged region, however often resync lands inside it
     while start is not None:
         with open(path, "rb") as f:
@@ -461,11 +501,13 @@ def extract_warc(
     extractor: str = DEFAULT_EXTRACTOR,
     max_bytes: int = 10_000_000,
     min_text_chars: int = 1,
+    ranking: bool = False,
 ) -> Iterator[dict]:
     """Yield a `documents` row per extracted page and `{"skip_reason": r}` per dropped record.
 
     Handles .warc/.warc.gz/.wet/.wet.gz. Damaged content never raises; a missing file does
-    (that is a configuration error, not bad data).
+    (that is a configuration error, not bad data). `ranking` adds `_rank` and `_offset` to each
+    row, what `extract_documents` orders repeated doc_ids by.
     """
     _check_extractor(extractor)
     if not os.path.isfile(path):
@@ -485,8 +527,8 @@ def extract_warc(
             yield {"skip_reason": "empty_text"}
             continue
         domain = domain_of(item.url)
-        yield {
-            "doc_id": doc_id_for(snapshot, item.record_id),
+        row = {
+            "doc_id": doc_id_for(snapshot, item.record_id or payload_key(item.url, item.body)),
             "url": item.url,
             "domain": domain,
             "snapshot": snapshot,
@@ -497,6 +539,9 @@ def extract_warc(
             "bucket": bucket_of(domain),
             "text": text,
         }
+        if ranking:
+            row["_rank"], row["_offset"] = _KIND_RANK[item.kind], item.offset
+        yield row
 
 
 def count_skips(rows) -> Counter:
@@ -519,6 +564,9 @@ def extract_documents(spark, warc_paths: list[str], snapshot: str, **kwargs):
     read once: per-file skip counts travel as extra rows of the same output, which is persisted
     (memory and disk) so the counts and the returned DataFrame share one pass; it stays cached
     for the session (`spark.catalog.clearCache()` releases it).
+
+    doc_ids come out unique: of records sharing one, the first by (kind rank, warc_file, index
+    in `warc_paths`, offset) stays and the rest are counted as `duplicate_record`.
     """
     import pyarrow as pa
     from pyspark import StorageLevel
@@ -526,23 +574,24 @@ def extract_documents(spark, warc_paths: list[str], snapshot: str, **kwargs):
 
     _check_extractor(kwargs.get("extractor", DEFAULT_EXTRACTOR))
     paths = list(warc_paths)
-    raw_ddl = f"{DOCUMENTS_DDL}, skip_reason string, skip_count long"
+    raw_ddl = f"{DOCUMENTS_DDL}, skip_reason string, skip_count long, _rank int, _file int, _offset long"
     if not paths:
         return spark.createDataFrame([], DOCUMENTS_DDL), {"documents": 0}
 
     schema = pa.schema([(name, pa.string()) for name in DOCUMENT_COLUMNS]
-                       + [("skip_reason", pa.string()), ("skip_count", pa.int64())])
+                       + [("skip_reason", pa.string()), ("skip_count", pa.int64()),
+                          ("_rank", pa.int32()), ("_file", pa.int32()), ("_offset", pa.int64())])
 
     def extract_partition(batches):
         for batch in batches:
             for index in batch.column("id").to_pylist():
                 skips = Counter()
                 rows = []
-                for row in extract_warc(paths[index], snapshot, **kwargs):
+                for row in extract_warc(paths[index], snapshot, ranking=True, **kwargs):
                     if "skip_reason" in row:
                         skips[row["skip_reason"]] += 1
                         continue
-                    rows.append({**row, "skip_reason": None, "skip_count": 1})
+                    rows.append({**row, "skip_reason": None, "skip_count": 1, "_file": index})
                     if len(rows) >= _ARROW_BATCH_ROWS:
                         yield pa.RecordBatch.from_pylist(rows, schema=schema)
                         rows = []
@@ -559,5 +608,29 @@ def extract_documents(spark, warc_paths: list[str], snapshot: str, **kwargs):
     counts = {"documents": 0}
     for row in raw.groupBy("skip_reason").agg(F.sum("skip_count").alias("n")).collect():
         counts[row["skip_reason"] or "documents"] = int(row["n"])
-    documents = raw.where(F.col("skip_reason").isNull()).select(*DOCUMENT_COLUMNS)
-    return documents, counts
+    documents = raw.where(F.col("skip_reason").isNull())
+    # Repeated doc_ids: only the keys are shuffled to find them and the record each keeps.
+    order = F.struct("_rank", "warc_file", "_file", "_offset")
+    repeated = (documents.groupBy("doc_id").agg(F.count(F.lit(1)).alias("_n"), F.min(order).alias("_keep"))
+                .where(F.col("_n") > 1))
+    found = repeated.agg(F.count(F.lit(1)).alias("ids"), F.sum(F.col("_n") - 1).alias("extra")).first()
+    if found["extra"]:
+        counts["duplicate_record"] = int(found["extra"])
+        counts["documents"] -= int(found["extra"])
+        keep = repeated.select("doc_id", "_keep")
+        if found["ids"] <= _BROADCAST_DUPLICATES:
+            keep = F.broadcast(keep)
+        documents = (documents.join(keep, "doc_id", "left")
+                     .where(F.col("_keep").isNull() | (order == F.col("_keep"))))
+    return documents.select(*DOCUMENT_COLUMNS), counts
+
+
+def documents_stage(spark, warc_paths: list[str], out_dir: str, snapshot: str, **kwargs) -> dict:
+    """The `documents` stage's work: `extract_documents`, then the Parquet write (one file per
+    WARC file, rows by doc_id) and the per-bucket counts. Returns rows, counts, per_bucket."""
+    from engine.spark import write_parquet_sorted
+
+    docs, counts = extract_documents(spark, warc_paths, snapshot, **kwargs)
+    rows = write_parquet_sorted(docs, out_dir, "doc_id", num_files=max(len(warc_paths), 1))
+    per_bucket = {r["bucket"]: r["count"] for r in docs.groupBy("bucket").count().collect()}
+    return {"rows": rows, "counts": counts, "per_bucket": per_bucket}

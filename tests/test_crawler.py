@@ -2,6 +2,7 @@
 import json
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BytesIO
@@ -76,9 +77,31 @@ class Site(BaseHTTPRequestHandler):
             except OSError:
                 pass  # the crawler hung up once it had enough
             return
+        if self.path.startswith("/drip"):
+            return self._drip()
         if self.path in PAGES:
             return self._send(200, PAGES[self.path], "text/html; charset=utf-8")
         return self._send(404, b"not found", "text/plain")
+
+    def _drip(self):
+        """One byte every 0.1 s, well under the client's read timeout: of the body (/drip: with
+        a Content-Length; /drip-close: close-delimited) or of the head itself (/drip-head)."""
+        self.close_connection = True
+        try:
+            if self.path == "/drip-head":
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            else:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                if self.path == "/drip":
+                    self.send_header("Content-Length", "10000")
+                self.end_headers()
+            for _ in range(10000):
+                if self.release.wait(0.1):
+                    return
+                self.wfile.write(b"x")
+        except OSError:
+            pass  # the crawler hung up
 
     def _send(self, status, body, content_type):
         self.send_response(status)
@@ -192,6 +215,54 @@ def test_slow_endpoint_times_out(crawled):
     entry = next(e for e in log if e["url"] == base + "/slow")
     assert entry["outcome"] == "timeout"
     assert base + "/slow" not in {uri for kind, uri, *_ in records if kind == "response"}
+
+
+@pytest.mark.parametrize("path", ["/drip", "/drip-close", "/drip-head"])
+def test_slow_drip_is_cut_off_at_the_page_deadline(site, tmp_path, path):
+    """A server sending a byte every 0.1 s never trips the 0.5 s read timeout; the whole-page
+    deadline (1 s) must still end the request, whether the drip is in the body or the head."""
+    base, requests = site
+    started = time.monotonic()
+    stats = crawl_to_warc([base + path], tmp_path / "c.warc.gz", tmp_path / "log.jsonl",
+                          settings(timeout_seconds=0.5, page_timeout_seconds=1.0))
+    elapsed = time.monotonic() - started
+    assert 1.0 <= elapsed < 2.5, elapsed  # about the deadline, not the 1000 s the drip would take
+    (entry,) = read_log(tmp_path / "log.jsonl")
+    assert entry["url"] == base + path and entry["outcome"] == "timeout"
+    assert "whole-page deadline" in entry["detail"]
+    if path != "/drip-head":
+        assert 3 <= entry["bytes"] <= 15  # what dripped in before the deadline
+    assert stats["pages_ok"] == 0 and [p for p, _ in requests] == ["/robots.txt", path]
+    assert base + path not in {uri for _, uri, *_ in read_warc(tmp_path / "c.warc.gz")}
+
+
+def test_connections_are_reused_after_a_complete_body_only(tmp_path):
+    """HTTP/1.1 keep-alive: robots.txt and /a.html share one connection; the cut-off body of
+    /stream-big leaves its connection unusable, so /b.html opens a second one."""
+    connections = []
+
+    class KeepAlive(Site):
+        protocol_version = "HTTP/1.1"
+        requests, release, robots = [], threading.Event(), ROBOTS
+
+        def setup(self):
+            connections.append(self.client_address)
+            super().setup()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        stats = crawl_to_warc([base + "/a.html", base + "/stream-big", base + "/b.html"], tmp_path / "c.warc.gz",
+                              tmp_path / "log.jsonl", settings(max_depth=0))
+    finally:
+        KeepAlive.release.set()
+        server.shutdown()
+        server.server_close()
+    assert [p for p, _ in KeepAlive.requests] == ["/robots.txt", "/a.html", "/stream-big", "/b.html"]
+    assert stats["pages_ok"] == 2 and stats["outcomes"]["too_large"] == 1
+    assert len(connections) == 2, connections
 
 
 def test_huge_content_length_is_not_downloaded(crawled):

@@ -3,6 +3,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -13,9 +14,11 @@ from engine.documents import (
     DOCUMENT_COLUMNS,
     bucket_resolver,
     count_skips,
+    doc_id_for,
     extract_documents,
     extract_warc,
     normalise_warc_date,
+    payload_key,
 )
 from engine.sample_crawl import SAMPLE_DOMAIN_BUCKETS, generate_sample_crawl
 
@@ -180,6 +183,49 @@ def test_bad_gzip_member_is_counted_and_reading_resumes(sample, tmp_path):
     assert docs[-1]["doc_id"] == intact_docs[-1]["doc_id"]  # records after the damage survive
 
 
+def _gzip_members(path: Path) -> list[int]:
+    """Start offsets of the gzip members of `path`, read with zlib (independent of FastWARC)."""
+    import zlib
+
+    data, starts, pos = path.read_bytes(), [], 0
+    while pos < len(data):
+        starts.append(pos)
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        inflater.decompress(data[pos:])
+        pos = len(data) - len(inflater.unused_data)
+    return starts
+
+
+@pytest.mark.parametrize("where", ["deflate_data", "gzip_header"])
+def test_damaged_first_gzip_member_costs_only_that_member(shared_data, tmp_path, where):
+    """A real multi-member file (wget via dolma: 48 members, the first its warcinfo) with bytes
+    zeroed inside the first member: it used to count as one not_warc and lose every record."""
+    source = _warc_dir(shared_data) / "dolma" / "tests_data_warc_sample-0000.warc.gz"
+    starts = _gzip_members(source)
+    assert len(starts) == 48 and starts[1] > 200
+    data = bytearray(source.read_bytes())
+    at = 0 if where == "gzip_header" else 30  # the magic bytes, or the start of the deflate stream
+    data[at:at + 16] = bytes(16)
+    damaged = tmp_path / "damaged.warc.gz"
+    damaged.write_bytes(bytes(data))
+    intact_docs, intact = _extract(source)
+    docs, counts = _extract(damaged)
+    # Only the warcinfo record is lost; every page after it comes out as before.
+    assert counts == {**intact, "bad_gzip": 1, "not_response": intact["not_response"] - 1}
+    assert [{**d, "warc_file": ""} for d in docs] == [{**d, "warc_file": ""} for d in intact_docs]
+
+
+def test_damaged_first_record_of_a_plain_warc(shared_data, tmp_path):
+    source = _warc_dir(shared_data) / "edgecases_warcio" / "test_data_example.warc"
+    data = source.read_bytes()
+    assert data.startswith(b"WARC/1.0\r\n")
+    damaged = tmp_path / "damaged.warc"
+    damaged.write_bytes(b"XXXX" + data[4:])
+    _, intact = _extract(source)
+    _, counts = _extract(damaged)
+    assert counts == {**intact, "corrupt": 1, "not_response": intact["not_response"] - 1}
+
+
 def test_truncated_file(sample, tmp_path):
     data = Path(sample[0][0]).read_bytes()
     cut = tmp_path / "cut.warc.gz"
@@ -199,6 +245,111 @@ def test_garbage_empty_and_missing_files(tmp_path):
     assert _extract(tmp_path / "empty.warc")[1] == {}
     with pytest.raises(FileNotFoundError):
         list(extract_warc(str(tmp_path / "missing.warc.gz"), "S"))
+
+
+def _response_without_id(url: str, payload: bytes, date: str) -> bytes:
+    http = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\r\n" + payload
+    head = (f"WARC/1.0\r\nWARC-Type: response\r\nWARC-Target-URI: {url}\r\nWARC-Date: {date}\r\n"
+            f"Content-Type: application/http; msgtype=response\r\nContent-Length: {len(http)}\r\n\r\n")
+    return head.encode() + http + b"\r\n\r\n"
+
+
+PAGE = b"<html><body><article><p>" + b"A paragraph of text long enough to be main content. " * 8 + b"</p></article></body></html>"
+
+
+def _records_without_id(path: Path) -> Path:
+    """Three responses without WARC-Record-ID: two URLs with one payload, and the first one again
+    (same URL and payload, fetched later): a true repeat."""
+    path.write_bytes(
+        _response_without_id("http://a.test/", PAGE, "2024-01-01T00:00:00Z")
+        + _response_without_id("http://b.test/", PAGE, "2024-01-02T00:00:00Z")
+        + _response_without_id("http://a.test/", PAGE, "2024-01-03T00:00:00Z"))
+    return path
+
+
+def test_record_without_record_id_is_keyed_by_url_and_payload(tmp_path):
+    docs, counts = _extract(_records_without_id(tmp_path / "noid.warc"), snapshot="S")
+    assert counts == {"documents": 3}
+    assert [d["warc_record_id"] for d in docs] == ["", "", ""]
+    ids = [d["doc_id"] for d in docs]
+    # Not the hash of an empty id, which every such record used to share.
+    assert doc_id_for("S", "") not in ids
+    assert ids[0] == doc_id_for("S", payload_key("http://a.test/", PAGE)) == ids[2] != ids[1]
+
+
+def test_spark_stage_keeps_one_row_per_doc_id(spark, shared_data, tmp_path):
+    """The .warc.gz and both .wet files of one capture, and repeated id-less records, in one
+    folder: one row per doc_id, the response record's, whatever order the files are listed in."""
+    folder = tmp_path / "snapshot"
+    folder.mkdir()
+    for name in ("whirlwind.warc.gz", "whirlwind.warc.wet", "whirlwind.warc.wet.gz"):
+        shutil.copy(_warc_dir(shared_data) / "cc_whirlwind" / name, folder / name)
+    _records_without_id(folder / "noid.warc")
+    paths = sorted(str(p) for p in folder.iterdir())
+    loop = Counter()
+    for path in paths:
+        loop += _extract(path, snapshot="S")[1]
+    assert loop["documents"] == 6
+    for order in (paths, paths[::-1]):
+        df, counts = extract_documents(spark, order, "S")
+        rows = sorted((r.asDict() for r in df.collect()), key=lambda r: r["url"])
+        assert counts == {**loop, "documents": 3, "duplicate_record": 3}
+        assert [r["url"] for r in rows] == ["http://a.test/", "http://b.test/", "https://an.wikipedia.org/wiki/Escopete"]
+        assert len({r["doc_id"] for r in rows}) == 3
+        # The response record beats the WET conversions; the earlier of two repeats in a file wins.
+        assert rows[2]["warc_file"] == "whirlwind.warc.gz"
+        (html,), _ = _extract(folder / "whirlwind.warc.gz", snapshot="S")
+        assert rows[2] == html
+        assert rows[0]["fetch_time"] == "2024-01-01T00:00:00Z"
+
+
+def test_documents_asset_lists_every_skip_reason(spark, shared_data, tmp_path, monkeypatch):
+    """The asset's `skipped_records` table: each reason with its count, duplicate_record included,
+    over a warc_dir snapshot with duplicates, a damaged first member and an ARC-in-WARC-name file."""
+    import dagster as dg
+    import pyarrow.parquet as pq
+    import yaml
+
+    from assets.documents import documents
+    from assets.raw_crawl import raw_crawl
+    from workflows.kiln import SNAPSHOTS, KilnResource
+
+    shared = _warc_dir(shared_data)
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    for name in ("whirlwind.warc.gz", "whirlwind.warc.wet"):
+        shutil.copy(shared / "cc_whirlwind" / name, folder / name)
+    shutil.copy(shared / "edgecases_warcio" / "test_data_example-trunc.warc", folder / "trunc.warc")
+    shutil.copy(shared / "edgecases_warcio" / "test_data_example.arc.gz", folder / "arc-named.warc.gz")
+    damaged = bytearray((shared / "dolma" / "tests_data_warc_sample-0001.warc.gz").read_bytes())
+    damaged[30:46] = bytes(16)
+    (folder / "damaged.warc.gz").write_bytes(bytes(damaged))
+    _records_without_id(folder / "noid.warc")
+    expected = Counter()
+    for path in folder.iterdir():
+        expected += _extract(path, snapshot="drop")[1]
+    expected["duplicate_record"] = 2
+    expected["documents"] -= 2
+    assert {"bad_gzip", "not_warc", "truncated", "non_html", "not_response"} <= set(expected)
+
+    monkeypatch.setenv("KILN_STATE_DIR", str(tmp_path / "state"))
+    config = {"raw_crawl": {"snapshots": {"drop": {"kind": "warc_dir", "path": str(folder)}}},
+              "storage": {"root": str(tmp_path / "storage")}}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(config))
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions(SNAPSHOTS.name, ["drop"])
+    result = dg.materialize([raw_crawl, documents], partition_key="drop", instance=instance,
+                            resources={"kiln": KilnResource(config_path=str(tmp_path / "pipeline.yaml"))})
+    assert result.success
+    table = result.asset_materializations_for_node("documents")[0].metadata["skipped_records"].value
+    lines = table.splitlines()
+    assert lines[:2] == ["| reason | records |", "|---|---|"]
+    listed = [tuple(cell.strip() for cell in line.strip("|").split("|")) for line in lines[2:]]
+    assert {reason: int(n) for reason, n in listed} == {k: v for k, v in expected.items() if k != "documents"}
+    assert [int(n) for _, n in listed] == sorted((int(n) for _, n in listed), reverse=True)
+    published = next((tmp_path / "storage" / "documents" / "drop").glob("*/_SUCCESS")).parent
+    ids = pq.read_table(published / "data", columns=["doc_id"]).column("doc_id").to_pylist()
+    assert len(ids) == len(set(ids)) == expected["documents"]
 
 
 # --- the sample crawl ------------------------------------------------------------------------

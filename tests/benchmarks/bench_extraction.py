@@ -21,10 +21,13 @@ floor tests/test_extraction.py asserts).
 
 Throughput: a corpus of WARC files (one gzip member per response record, as Common Crawl writes
 them) cycling through real HTML: the benchmark pages and every HTML response in the shared WARC
-files. 20,000 records in 8 files (--quick: 800 in 4). Kiln: `extract_documents` on Spark
-local[2] (after a warm-up that starts the JVM and one Python worker per core), docs/s divided
-by the 2 cores. Loop: `extract_warc` over the same files in one process. ratio = Kiln per core /
-loop. Parallel loop: the same loop in 2 processes at once (no Spark); its per-core rate over the
+files. 20,000 records in 8 files (--quick: 800 in 4). Kiln: the whole `documents` stage on
+Spark local[2], `engine.documents.documents_stage` as assets/documents.py calls it (extraction,
+duplicate doc_ids, the sorted Parquet write, the per-bucket counts), after a warm-up that starts
+the JVM and one Python worker per core; docs/s divided by the 2 cores (`docs_per_s_per_core`).
+Its extraction part alone (`extract_documents`, timed inside the same run) is
+`extract_docs_per_s_per_core`. Loop: `extract_warc` over the same files in one process, no
+write. ratio = the stage per core / loop (`extract_ratio`: the extraction part / loop). Parallel loop: the same loop in 2 processes at once (no Spark); its per-core rate over the
 single loop (`parallel_scaling`) is what two cores of this machine give at best, and
 `ratio_vs_parallel_loop` is Spark's own share of the gap. On a shared machine other jobs take cores from both sides unevenly, so the same ratio is
 also given in CPU time (`cpu_ratio`: documents per CPU-second of the JVM and its Python workers
@@ -57,11 +60,12 @@ AEB = SHARED / "extraction" / "scrapinghub_aeb"
 WARC_DIR = SHARED / "warc"
 WHIRLWIND = WARC_DIR / "cc_whirlwind"
 
+import engine.documents as documents_engine  # noqa: E402
 from engine.boilerplate import token_prf  # noqa: E402
 from engine.documents import (  # noqa: E402
     HTML_MIME_TYPES,
     _decode_html,
-    extract_documents,
+    documents_stage,
     extract_main_text,
     extract_warc,
 )
@@ -241,20 +245,37 @@ def parallel_loop_rates(paths: list[str], cores: int) -> dict:
     return {"docs": docs, "docs_per_s": docs / wall, "docs_per_s_per_core": docs / wall / cores}
 
 
-def spark_rates(paths: list[str], warmup: str, cores: int) -> dict:
+def spark_rates(paths: list[str], warmup: str, cores: int, out_dir: str) -> dict:
+    """The `documents` stage end to end, and (timed inside it) its extract_documents part."""
     from engine.spark import get_spark
 
     spark = get_spark(f"local[{cores}]")
-    # Start the JVM and one Python worker per core before the clock does.
-    extract_documents(spark, [warmup] * cores, "WARMUP")
+    # Start the JVM and one Python worker per core before the clock does (the same warm-up file
+    # twice also takes the duplicate-doc_id path once).
+    documents_stage(spark, [warmup] * cores, os.path.join(out_dir, "warmup"), "WARMUP")
     spark.catalog.clearCache()
-    wall0, cpu0 = time.perf_counter(), _tree_cpu_seconds() + time.process_time()
-    _, counts = extract_documents(spark, paths, "BENCH")
-    wall, cpu = time.perf_counter() - wall0, _tree_cpu_seconds() + time.process_time() - cpu0
+    extract = documents_engine.extract_documents
+    marks = {}
+
+    def timed_extract(*args, **kwargs):
+        result = extract(*args, **kwargs)  # returns once the files are read and counted
+        marks["extracted"] = time.perf_counter(), _tree_cpu_seconds() + time.process_time()
+        return result
+
+    documents_engine.extract_documents = timed_extract
+    try:
+        wall0, cpu0 = time.perf_counter(), _tree_cpu_seconds() + time.process_time()
+        result = documents_stage(spark, paths, os.path.join(out_dir, "documents"), "BENCH")
+        wall, cpu = time.perf_counter() - wall0, _tree_cpu_seconds() + time.process_time() - cpu0
+    finally:
+        documents_engine.extract_documents = extract
     spark.catalog.clearCache()
-    docs = counts["documents"]
+    docs = result["rows"]
+    extract_wall, extract_cpu = marks["extracted"][0] - wall0, marks["extracted"][1] - cpu0
     return {"docs": docs, "docs_per_s": docs / wall, "docs_per_s_per_core": docs / wall / cores,
-            "docs_per_cpu_s": docs / cpu}
+            "docs_per_cpu_s": docs / cpu, "wall_s": wall,
+            "extract_docs_per_s_per_core": docs / extract_wall / cores, "extract_docs_per_cpu_s": docs / extract_cpu,
+            "skipped": {k: v for k, v in result["counts"].items() if k != "documents"}}
 
 
 # ----------------------------------------------------------------------------- main
@@ -293,10 +314,11 @@ def main() -> None:
         size_mb = sum(os.path.getsize(p) for p in paths) / 2**20
         print(f"throughput: {records} records in {files} files ({size_mb:.0f} MiB gzip), pool of {len(pool)} pages",
               flush=True)
-        spark = spark_rates(paths, warmup, cores)
-        print(f"  kiln, Spark local[{cores}]: {spark['docs']} docs, {spark['docs_per_s']:.1f} docs/s = "
-              f"{spark['docs_per_s_per_core']:.1f} docs/s per core; {spark['docs_per_cpu_s']:.1f} docs per CPU-s "
-              "(JVM and workers)", flush=True)
+        spark = spark_rates(paths, warmup, cores, tmp)
+        print(f"  kiln, documents stage on Spark local[{cores}] (with its Parquet write): {spark['docs']} docs, "
+              f"{spark['docs_per_s']:.1f} docs/s = {spark['docs_per_s_per_core']:.1f} docs/s per core; "
+              f"{spark['docs_per_cpu_s']:.1f} docs per CPU-s (JVM and workers); extract_documents part alone "
+              f"{spark['extract_docs_per_s_per_core']:.1f} docs/s per core", flush=True)
         loop = loop_rates(paths)
         print(f"  kiln, one-process loop: {loop['docs']} docs, {loop['docs_per_s']:.1f} docs/s; "
               f"{loop['docs_per_cpu_s']:.1f} docs per CPU-s", flush=True)
@@ -321,9 +343,13 @@ def main() -> None:
         **golden,
         "records": records,
         "documents": spark["docs"],
+        # The documents stage with its Parquet write, per core; and its extraction part alone.
         "docs_per_s_per_core": spark["docs_per_s_per_core"],
+        "extract_docs_per_s_per_core": spark["extract_docs_per_s_per_core"],
+        "stage_wall_s": spark["wall_s"],
         "loop_docs_per_s": loop["docs_per_s"],
         "ratio": spark["docs_per_s_per_core"] / loop["docs_per_s"],
+        "extract_ratio": spark["extract_docs_per_s_per_core"] / loop["docs_per_s"],
         # Per-core rate of the same loop run in `cores` processes: the machine's own scaling, so
         # ratio_vs_parallel_loop is Spark's share of the gap and parallel_scaling the hardware's.
         "parallel_loop_docs_per_s_per_core": parallel["docs_per_s_per_core"],
@@ -341,6 +367,8 @@ def main() -> None:
         "per_core_speedup_vs_trafilatura": spark["docs_per_s_per_core"] / traf["docs_per_s"],
         "loadavg_1m_end": os.getloadavg()[0],
     })
+    if spark["skipped"].get("duplicate_record"):
+        raise SystemExit(f"every benchmark record has its own id, yet the stage dropped {spark['skipped']}")
     if spark["docs"] != loop["docs"]:
         raise SystemExit(f"Spark stage and loop disagree: {spark['docs']} vs {loop['docs']} documents")
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in result.items()}))
