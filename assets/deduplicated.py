@@ -11,6 +11,18 @@ from engine.spark import write_parquet_sorted
 from workflows.kiln import KilnResource, markdown_table, stage
 
 
+def dedup_metadata(stats: dict) -> dict:
+    """The asset's explaining metadata, from `deduplicate`'s stats: the cluster size
+    histogram (markdown table and JSON) and example pairs side by side (markdown)."""
+    histogram = stats.get("cluster_size_histogram", {})
+    rows = [{"cluster_size": int(k), "clusters": v} for k, v in sorted(histogram.items(), key=lambda kv: int(kv[0]))]
+    return {
+        "cluster_sizes": dg.MetadataValue.md(markdown_table(rows, ["cluster_size", "clusters"])),
+        "cluster_size_histogram": dg.MetadataValue.json(histogram),
+        "example_pairs": dg.MetadataValue.md(stats.get("example_pairs_markdown", "_(none)_")),
+    }
+
+
 @stage("deduplicated", "curate", partitioned=True, deps=["filtered", "quality_signals"])
 def deduplicated(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.MaterializeResult:
     started = time.time()
@@ -26,17 +38,12 @@ def deduplicated(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Ma
     with kiln.staging(context) as out:
         n_kept = write_parquet_sorted(kept, str(out / "kept"), "doc_id")
         n_dups = write_parquet_sorted(duplicates, str(out / "duplicates"), "doc_id")
-    histogram = stats.get("cluster_size_histogram", {})
     return kiln.publish(
         context,
         out,
         inputs={"filtered": filtered_in, "quality_signals": signals_in},
         counts={"kept": n_kept, "duplicates_removed": n_dups,
                 **{k: v for k, v in stats.items() if isinstance(v, (int, float))}},
-        metadata={
-            "cluster_sizes": dg.MetadataValue.md(
-                markdown_table([{"cluster_size": k, "clusters": v} for k, v in sorted(histogram.items(), key=lambda kv: int(kv[0]))])
-            ),
-        },
+        metadata=dedup_metadata(stats),
         started=started,
     )

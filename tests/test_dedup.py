@@ -1,6 +1,7 @@
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -135,6 +136,62 @@ def test_clusters_and_stats(scenario):
     assert ["c1", "c3"] in stats["example_pairs"]["near"]
 
 
+def flat(text, chars=300):
+    return " ".join(text.split())[:chars]
+
+
+def test_example_pairs_side_by_side(scenario):
+    docs, _, _, _, stats = scenario
+    text = {d[0]: d[2] for d in docs}
+    shown = stats["example_pairs_shown"]
+    # One pair per cluster, largest clusters first, then cluster_id; near pairs before exact.
+    assert [(p["reason"], p["removed"]["doc_id"], p["kept"]["doc_id"]) for p in shown] == [
+        ("near", "c1", "c3"), ("near", "n1", "n2"), ("near", "n4", "n3"), ("exact", "c4", "c3"), ("exact", "e1", "e2"),
+    ]
+    for p in shown:
+        expected_j = round(jaccard(text[p["kept"]["doc_id"]], text[p["removed"]["doc_id"]]), 4) if p["reason"] == "near" else None
+        assert p["jaccard"] == expected_j
+        assert p["kept"]["url"] == f"https://example.org/{p['kept']['doc_id']}"
+    md = stats["example_pairs_markdown"]
+    # Both texts of the planted pair n1/n2 (two words replaced) appear, flattened, side by side.
+    assert flat(text["n1"]) != flat(text["n2"])
+    assert f"| text | {flat(text['n2'])}… | {flat(text['n1'])}… |" in md
+    assert f"| url | https://example.org/n2 | https://example.org/n1 |" in md
+    assert f"shingle Jaccard {jaccard(text['n1'], text['n2']):.3f}" in md
+    assert f"| doc_id | `c3` | `c1` |" in md and f"| doc_id | `e2` | `e1` |" in md
+
+
+def test_example_pairs_markdown_escapes_crawl_text(spark):
+    docs = [("p1", "https://x.org/a|b", "alpha | beta\ngamma <b>bold</b> " * 20, 0.9),
+            ("p2", None, "ALPHA |  beta gamma <b>bold</b> " * 20, 0.1)]
+    docs_df, sigs_df = frames(spark, docs)
+    _, _, stats = deduplicate(spark, docs_df, sigs_df, DedupConfig(near=False, example_chars=40))
+    md = stats["example_pairs_markdown"]
+    kept = r"alpha \| beta gamma &lt;b>bold&lt;/b> alpha \| b…"
+    removed = r"ALPHA \| beta gamma &lt;b>bold&lt;/b> ALPHA \| b…"
+    assert f"| text | {kept} | {removed} |" in md
+    assert r"| url | https://x.org/a\|b |  |" in md
+    rows = [line for line in md.splitlines() if line.startswith("|")]
+    # Every row has exactly 3 cells: no `|` or newline from the text leaks into the table.
+    assert len(rows) == 5 and all(len(re.split(r"(?<!\\)\|", r)) == 5 for r in rows)
+    assert stats["example_pairs_shown"][0]["jaccard"] is None
+
+
+def test_asset_metadata_histogram_and_examples(scenario):
+    from assets.deduplicated import dedup_metadata
+
+    docs, _, _, _, stats = scenario
+    meta = dedup_metadata(stats)
+    table = meta["cluster_sizes"].value
+    assert table.splitlines() == [
+        "| cluster_size | clusters |", "|---|---|", "| 2 | 4 |", "| 3 | 1 |", "| 4 | 1 |",
+    ]
+    assert meta["cluster_size_histogram"].value == {"2": 4, "3": 1, "4": 1}
+    assert meta["example_pairs"].value == stats["example_pairs_markdown"]
+    text = {d[0]: d[2] for d in docs}
+    assert flat(text["n3"]) in meta["example_pairs"].value and flat(text["n4"]) in meta["example_pairs"].value
+
+
 def test_kept_df_passes_columns_through(scenario):
     docs, _, kept, dups, _ = scenario
     assert kept.columns == ["doc_id", "url", "text", "classifier_score"]
@@ -260,6 +317,10 @@ def test_config_validation():
         DedupConfig(max_cc_iterations=0)
     with pytest.raises(ValidationError):
         DedupConfig(unknown_field=1)
+    from workflows.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"dedup\.example_near_pairs.*\n.*dedup\.example_chars"):
+        parse_config({"dedup": {"example_near_pairs": -1, "example_chars": 5}})
 
 
 SUBPROCESS_RUN = """
@@ -277,18 +338,40 @@ with open(sys.argv[1] + "/result.json", "w") as f:
 """
 
 
+def planted_corpus(shared_data, n_bases=160):
+    """The scenario plus ~250 documents: 200-word windows of the novel and edited, exact and
+    chained copies of them (seeded), so partitioning has many clusters to disagree on."""
+    docs, _ = build_scenario(long_paragraphs(shared_data, 30))
+    text = (shared_data / "prose" / "gutenberg_pride_prejudice" / "1342-0.txt").read_text(encoding="utf-8-sig")
+    words = text[text.find("Chapter 1") :].split()
+    rng = random.Random(5)
+    for i in range(n_bases):
+        base = " ".join(words[i * 200 : (i + 1) * 200])
+        docs.append((f"w{i:03d}a", None, base, round(rng.random(), 2)))
+        if i % 2 == 0:  # near copies of every other window; some of them chained
+            copy = replace_words(base, rng.sample(range(200), rng.randint(1, 6)), word=rng.choice(["zebra", "lion"]))
+            docs.append((f"w{i:03d}b", None, copy, round(rng.random(), 2)))
+            if i % 6 == 0:
+                docs.append((f"w{i:03d}c", None, replace_words(copy, rng.sample(range(200), 3), word="okapi"), 0.5))
+        if i % 7 == 0:
+            docs.append((f"w{i:03d}d", None, base.upper(), 0.5))  # exact after normalisation, score tie
+    return docs
+
+
 @pytest.mark.slow
-def test_kept_set_independent_of_partitioning_and_cores(spark, scenario, tmp_path):
-    docs, _, kept, dups, stats = scenario
+def test_kept_set_independent_of_partitioning_and_cores(spark, shared_data, tmp_path):
+    docs = planted_corpus(shared_data)
+    docs_df, sigs_df = frames(spark, docs)
+    kept, dups, stats = deduplicate(spark, docs_df, sigs_df, DedupConfig())
     expected_kept = sorted(r["doc_id"] for r in kept.select("doc_id").collect())
     expected_dups = collect_dups(dups)
-    docs_df, sigs_df = frames(spark, docs)
+    assert len(docs) > 250 and stats["near_removed"] >= 80 and stats["exact_removed"] >= 20  # the test has teeth
     # Same session, different partitioning and row order of both inputs.
     shuffled_docs = docs_df.repartition(7).sortWithinPartitions("text")
     k2, d2, s2 = deduplicate(spark, shuffled_docs, sigs_df.coalesce(1), DedupConfig())
     assert sorted(r["doc_id"] for r in k2.select("doc_id").collect()) == expected_kept
     assert collect_dups(d2) == expected_dups
-    assert s2 == stats
+    assert s2 == stats  # histogram and example pairs included
     # A separate local[1] process with 3 shuffle partitions.
     docs_df.repartition(3).write.parquet(str(tmp_path / "docs"))
     sigs_df.repartition(2).write.parquet(str(tmp_path / "sigs"))

@@ -1,6 +1,9 @@
-"""Deduplication benchmark: quality against brute-force Jaccard, speed against datasketch.
+"""Deduplication benchmark: quality against brute-force Jaccard, speed against datasketch
+(and text-dedup's MinHash script where it is importable).
 
-    python tests/benchmarks/bench_dedup.py [--quick]
+    python tests/benchmarks/bench_dedup.py [--quick] [--sizes 25000,50000,100000]
+    python tests/benchmarks/bench_dedup.py --bucket-ab 100000 [--quick]
+    KILN_TEXT_DEDUP_PYTHON=/tmp/td/bin/python python tests/benchmarks/bench_dedup.py ...
 
 Data: real text (Pride and Prejudice, tinyshakespeare, the Scrapinghub AEB article bodies)
 cut into ~300-word documents of a few paragraphs; larger sets add documents made of
@@ -9,12 +12,14 @@ insertions, deletions, substitutions, boilerplate lines added, paragraphs reorde
 case/whitespace-only copies, and edits of edits (chains), with strengths spread so true
 Jaccard covers roughly 0.3-1.0.
 
-Quality (labelled set, every pair): true Jaccard of the shingle sets (engine.minhash
+Quality (labelled set, every pair): true Jaccard J of the shingle sets (engine.minhash
 definition, 32-bit shingle hashes) for all pairs via a sparse product. Predicted pairs are
 all pairs inside one duplicate cluster (what deduplication acts on):
   precision_08    = predicted pairs with J >= 0.8 / predicted pairs
   recall_08       = predicted pairs with J >= 0.8 / pairs with J >= 0.8
-  precision_05_08 = predicted pairs with J >= 0.5 / predicted pairs  (looser truth)
+  precision_05_08 = predicted pairs with 0.5 <= J < 0.8 / predicted pairs with J < 0.8
+                    (the band on its own: of what was merged below 0.8, the share that is at
+                    least a loose duplicate; null when nothing below 0.8 was merged)
   recall_05_08    = predicted pairs with 0.5 <= J < 0.8 / pairs with 0.5 <= J < 0.8
 Kiln's default (candidate edges verified on exact shingle Jaccard >= 0.8; the full run adds
 no verification and signature-estimated verification) is shown beside datasketch
@@ -23,11 +28,33 @@ so it must match Kiln's no_verify row exactly).
 
 Speed: each side runs in its own process from a Parquet file of texts, timed from texts in
 memory to clusters; peak RSS is the process tree's (Spark: driver, JVM, Python workers)
-sampled from /proc. Kiln: Spark local[2] computing signatures (mapInPandas) then
-`deduplicate`, after a small warm-up run. Baseline: one process, MinHash.bulk (datasketch's
-default scheme, its fastest) on the same shingles, MinHashLSH insert + query, union-find.
-Wall clock on a shared machine also counts waiting for a core, so process-tree CPU seconds
-are reported too (cpu_docs_per_s); the JSON's docs_per_s and ratio are wall clock.
+sampled from /proc. Kiln: Spark local[2] computing signatures with the function
+`quality_signals` calls per Arrow batch (engine.signals._minhash_bytes, with the
+quality_signals section of workflows/pipeline.yaml) in mapInPandas, then `deduplicate`
+with the pipeline's dedup section. `docs_per_s` EXCLUDES the Spark session start
+(`kiln_session_start_s`, reported separately), reading the texts into memory (the baselines
+exclude it too) and, in full runs, a 200-document warm-up (`kiln_warmup_s`);
+`docs_per_s_with_session_start` divides by session start + warm-up + run instead.
+Baseline: one process, MinHash.bulk (datasketch's default scheme, its fastest) on the same
+shingles, MinHashLSH insert + query, union-find. Wall clock on a shared machine also counts
+waiting for a core, so process-tree CPU seconds are reported too (cpu_docs_per_s); the
+JSON's docs_per_s and ratio are wall clock.
+
+text-dedup (optional, `textdedup` in the JSON): text-dedup 0.4.0's `text_dedup.minhash`
+(datasets + multiprocessing, num_proc 2 like Kiln's local[2]; 112 permutations, 14 x 8
+bands, 5-grams, min_length 0, its own tokenisation, sha1 and seed, no verification), run
+offline (HF_DATASETS_OFFLINE=1) on the same Parquet files by the interpreter in
+$KILN_TEXT_DEDUP_PYTHON, else this one if it imports text_dedup; otherwise skipped with the
+reason printed. It installs from PyPI into its own venv (python3.11 -m venv /tmp/td &&
+/tmp/td/bin/pip install text-dedup==0.4.0, ~30 s, 80 packages) but not next to Kiln's pins:
+it requires urllib3<=2.0 (Kiln: urllib3>=2.0; pip: ResolutionImpossible, 2.0.0 is not on the
+index) and pulls pandas 3, onnxruntime and Sphinx, so it is no `bench` extra. Its seconds are
+its own timers' MinHashing + Clustering + Filtering (texts already in its Arrow cache, like
+the others); its Loading (Parquet -> Arrow cache) and Saving are in textdedup_total_s.
+
+--bucket-ab DOCS: candidate buckets as engine.dedup builds them (Window min over
+partitionBy(band, band_hash)) against two groupBy(band, band_hash) forms (collect_list +
+explode; min/count joined back), same edges asserted, interleaved repeats, medians.
 """
 from __future__ import annotations
 
@@ -230,10 +257,12 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     return total / tick
 
 
-def run_worker(args: list[str]) -> tuple[dict, float]:
-    """Run this script as a worker; return its JSON result and the tree's peak RSS (MiB)."""
+def run_worker(args: list[str], command: list[str] | None = None, env: dict | None = None) -> tuple[dict, float]:
+    """Run this script as a worker (or `command`); return the JSON of its last stdout line and
+    the process tree's peak RSS (MiB)."""
     proc = subprocess.Popen(
-        [sys.executable, __file__, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command or [sys.executable, __file__, *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
     )
     peak = 0
     done = threading.Event()
@@ -250,29 +279,37 @@ def run_worker(args: list[str]) -> tuple[dict, float]:
     done.set()
     sampler.join()
     if proc.returncode != 0:
-        raise RuntimeError(f"worker {args} failed:\n{err[-4000:]}")
+        raise RuntimeError(f"worker {command or args} failed:\n{err[-4000:]}")
     return json.loads(out.strip().splitlines()[-1]), peak / 2**20
 
 
 def kiln_worker(data_dir: Path, out_dir: Path, variants: list[str], warm_up: bool) -> dict:
-    t_start = time.perf_counter()
     import pandas as pd
 
-    from engine.dedup import DedupConfig, deduplicate
-    from engine.minhash import signatures_to_bytes
+    from engine.dedup import deduplicate
+    from engine.signals import SignalResources, _minhash_bytes
     from engine.spark import get_spark
+    from workflows.config import load_config
 
-    spark = get_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
+    pipeline = load_config()
+    qs = pipeline.quality_signals
+    # The code path of quality_signals: signals_for_batch calls _minhash_bytes(texts, resources)
+    # on each Arrow batch; only the language/classifier signals are left out.
+    resources = SignalResources(lid_model_path="", num_perm=qs.num_perm, ngram=qs.ngram, minhash_seed=qs.minhash_seed)
     configs = {
-        "default": DedupConfig(),  # verification on exact shingle Jaccard >= 0.8
-        "no_verify": DedupConfig(verify_jaccard=False),
-        "verify_signature": DedupConfig(verify_method="signature"),
+        "default": pipeline.dedup,  # verification on exact shingle Jaccard >= 0.8
+        "no_verify": pipeline.dedup.model_copy(update={"verify_jaccard": False}),
+        "verify_signature": pipeline.dedup.model_copy(update={"verify_method": "signature"}),
     }
+
+    t_session = time.perf_counter()
+    spark = get_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
+    session_start = time.perf_counter() - t_session
 
     def signatures(batches):
         for pdf in batches:
-            sig = compute_signatures(list(pdf["text"]))
-            yield pd.DataFrame({"doc_id": pdf["doc_id"], "minhash": signatures_to_bytes(sig)})
+            texts = [t if isinstance(t, str) else "" for t in pdf["text"].tolist()]  # as signals_for_batch
+            yield pd.DataFrame({"doc_id": pdf["doc_id"], "minhash": _minhash_bytes(texts, resources)})
 
     def run(docs, cfg):
         sigs = docs.select("doc_id", "text").mapInPandas(signatures, "doc_id string, minhash binary").localCheckpoint()
@@ -280,12 +317,14 @@ def kiln_worker(data_dir: Path, out_dir: Path, variants: list[str], warm_up: boo
         kept, dups, stats = deduplicate(spark, docs, sigs, cfg)
         return dups, stats, t_sig
 
-    docs = spark.read.parquet(str(data_dir)).localCheckpoint()  # texts in memory, like the baseline
+    t_read = time.perf_counter()
+    docs = spark.read.parquet(str(data_dir)).localCheckpoint()  # texts in memory, like the baselines
     n_docs = docs.count()
     t_ready = time.perf_counter()
     if warm_up:  # JIT and Python workers; a long-running pipeline pays this once
-        run(docs.limit(200).localCheckpoint(), DedupConfig())
-    result = {"docs": n_docs, "startup_seconds": t_ready - t_start, "warmup_seconds": time.perf_counter() - t_ready, "variants": {}}
+        run(docs.limit(200).localCheckpoint(), configs["default"])
+    result = {"docs": n_docs, "session_start_seconds": session_start, "read_seconds": t_ready - t_read,
+              "warmup_seconds": time.perf_counter() - t_ready, "variants": {}}
     for name in variants:
         cpu0, t0 = tree_cpu_seconds(), time.perf_counter()
         dups, stats, t_sig = run(docs, configs[name])
@@ -332,6 +371,113 @@ def datasketch_worker(data_dir: Path) -> dict:
     }
 
 
+# text-dedup's MinHash script, run by an interpreter that has text_dedup; its Timer is
+# patched only to read the phase times it already measures, and its union-find is read back
+# so its clusters can be scored like the others.
+TEXT_DEDUP_RUNNER = r"""
+import json, pickle, sys, time
+from text_dedup import minhash as td
+timers = []
+class RecordingTimer(td.Timer):
+    def __init__(self):
+        super().__init__()
+        timers.append(self)
+td.Timer = RecordingTimer
+data, out, num_proc = sys.argv[1:4]
+t0 = time.perf_counter()
+td.main.main(["--path", "parquet", "--data_files", data + "/*.parquet", "--split", "train",
+              "--cache_dir", out + "/cache", "--output", out + "/kept", "--column", "text",
+              "--idx_column", "doc_id", "--num_perm", "112", "--b", "14", "--r", "8", "--ngram", "5",
+              "--min_length", "0", "--num_proc", num_proc, "--debug"], standalone_mode=False)
+wall = time.perf_counter() - t0
+with open(out + "/kept/uf.pkl", "rb") as f:
+    uf = pickle.load(f)
+groups = {}
+for key in list(uf.parent):
+    groups.setdefault(uf.find(key), []).append(key)
+print(json.dumps({"wall_seconds": wall, "phases": timers[-1].elapsed_times,
+                  "clusters": [sorted(g) for g in groups.values() if len(g) > 1]}))
+"""
+
+
+def text_dedup_python() -> tuple[str | None, str]:
+    """(interpreter, '') when text_dedup is installed there, else (None, why not). A find_spec
+    probe, not an import: importing datasets costs seconds that --quick cannot spare."""
+    env_python = os.environ.get("KILN_TEXT_DEDUP_PYTHON")
+    python = env_python or sys.executable
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('text_dedup') is None)"
+    try:
+        found = subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"KILN_TEXT_DEDUP_PYTHON={python}: {exc}"
+    if found:
+        return python, ""
+    where = f"KILN_TEXT_DEDUP_PYTHON={python}" if env_python else "this interpreter (set KILN_TEXT_DEDUP_PYTHON)"
+    return None, f"text_dedup is not installed for {where}"
+
+
+def run_text_dedup(python: str, data_dir: Path, work: Path, num_proc: int = 2) -> tuple[dict, float]:
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"),
+           "TQDM_DISABLE": "1", "PYTHONWARNINGS": "ignore"}
+    run, rss = run_worker([], [python, "-c", TEXT_DEDUP_RUNNER, str(data_dir), str(work), str(num_proc)], env=env)
+    phases = run["phases"]
+    run["seconds"] = phases["MinHashing"] + phases["Clustering"] + phases["Filtering"]
+    run["total_seconds"] = phases["Total"]
+    return run, rss
+
+
+def bucket_ab_worker(n_docs: int, repeats: int) -> dict:
+    """Candidate buckets three ways on the same band rows: engine.dedup's Window min over
+    partitionBy(band, band_hash), groupBy + collect_list + explode, and groupBy min/count
+    joined back onto the band rows. Asserts identical edges; medians of interleaved repeats."""
+    import pandas as pd
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from engine.dedup import DedupConfig, _band_fn
+    from engine.minhash import signatures_to_bytes
+    from engine.spark import get_spark
+
+    spark = get_spark("local[2]", {"spark.ui.showConsoleProgress": "false"})
+    rng = np.random.default_rng(0)
+    sig = rng.integers(0, 2**32, size=(n_docs, 112), dtype=np.uint64).astype(np.uint32)
+    dup, src = rng.choice(n_docs, n_docs // 10, replace=False), rng.choice(n_docs, n_docs // 10)
+    shared = np.repeat(rng.random((n_docs // 10, 14)) < 0.5, 8, axis=1)  # ~half the bands of 10% of docs
+    sig[dup] = np.where(shared, sig[src], sig[dup])
+    ids = [f"{i:020x}" for i in range(n_docs)]
+    sigs = spark.createDataFrame(pd.DataFrame({"doc_id": ids, "minhash": signatures_to_bytes(sig)})).repartition(4)
+    sigs = sigs.localCheckpoint(eager=True)
+    banded = lambda: sigs.mapInPandas(_band_fn(DedupConfig()), "doc_id string, band int, band_hash long")  # noqa: E731
+    edge = lambda df, root: df.where(F.col("doc_id") != F.col(root)).select(  # noqa: E731
+        F.col("doc_id").alias("src"), F.col(root).alias("dst")).distinct()
+
+    def window():
+        return edge(banded().withColumn("root", F.min("doc_id").over(Window.partitionBy("band", "band_hash"))), "root")
+
+    def groupby_collect():
+        b = banded().groupBy("band", "band_hash").agg(F.min("doc_id").alias("root"), F.collect_list("doc_id").alias("m"))
+        return edge(b.where(F.size("m") > 1).select(F.explode("m").alias("doc_id"), "root"), "root")
+
+    def groupby_join():
+        b = banded().groupBy("band", "band_hash").agg(F.min("doc_id").alias("root"), F.count("*").alias("c"))
+        return edge(banded().join(b.where(F.col("c") > 1).drop("c"), ["band", "band_hash"]), "root")
+
+    variants = [window, groupby_collect, groupby_join]
+    reference = sorted(map(tuple, window().collect()))
+    for f in variants[1:]:
+        assert sorted(map(tuple, f().collect())) == reference, f.__name__
+    times = {f.__name__: [] for f in variants}
+    for _ in range(repeats):
+        for f in variants:
+            t0 = time.perf_counter()
+            f().localCheckpoint(eager=True)
+            times[f.__name__].append(time.perf_counter() - t0)
+    medians = {k: float(np.median(v)) for k, v in times.items()}
+    return {"benchmark": "bench_dedup_buckets", "docs": n_docs, "edges": len(reference), "repeats": repeats,
+            "median_s": {k: round(v, 2) for k, v in medians.items()},
+            "ratio_vs_window": {k: round(v / medians["window"], 2) for k, v in medians.items()}}
+
+
 # ----------------------------------------------------------------------------- quality
 
 
@@ -372,7 +518,9 @@ def pair_metrics(pred: np.ndarray, rows, cols, jac, n: int) -> dict:
         "pairs_05_08": int(len(mid)),
         "precision_08": float(hit_hi / len(pred)) if len(pred) else 1.0,
         "recall_08": float(hit_hi / len(hi)) if len(hi) else 1.0,
-        "precision_05_08": float((hit_hi + hit_mid) / len(pred)) if len(pred) else 1.0,
+        # Band precision: of the merged pairs below 0.8, the share in [0.5, 0.8).
+        "predicted_pairs_below_08": int(len(pred) - hit_hi),
+        "precision_05_08": float(hit_mid / (len(pred) - hit_hi)) if len(pred) > hit_hi else None,
         "recall_05_08": float(hit_mid / len(mid)) if len(mid) else 1.0,
     }
 
@@ -419,6 +567,10 @@ def datasketch_reference_clusters(sig: np.ndarray, bands: int = 14, rows: int = 
 # ----------------------------------------------------------------------------- main
 
 
+def fmt(value, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, about a minute")
@@ -429,7 +581,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--variants", default="default", help=argparse.SUPPRESS)
     parser.add_argument("--cold", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bucket-ab", type=int, metavar="DOCS",
+                        help="only compare candidate-bucket implementations (Window vs groupBy) on DOCS documents")
     args = parser.parse_args()
+    if args.bucket_ab:
+        print(json.dumps(bucket_ab_worker(args.bucket_ab, repeats=1 if args.quick else 3)))
+        return
     if args.worker == "kiln":
         print(json.dumps(kiln_worker(args.data, args.out, args.variants.split(","), warm_up=not args.cold)))
         return
@@ -437,12 +594,16 @@ def main() -> None:
         print(json.dumps(datasketch_worker(args.data)))
         return
 
+    t_bench = time.perf_counter()
     rng = random.Random(20240601)
     streams = load_paragraphs()
     windows = window_docs(streams)
     quality_bases = 400 if args.quick else 2400
     sizes = [] if args.quick else [int(x) for x in args.sizes.split(",") if x]
     variants = ["default"] if args.quick else ["default", "no_verify", "verify_signature"]
+    td_python, td_reason = text_dedup_python()
+    if td_python is None:
+        print(f"text-dedup baseline skipped: {td_reason}")
 
     with tempfile.TemporaryDirectory(prefix="bench_dedup_") as tmp:
         tmp = Path(tmp)
@@ -454,81 +615,121 @@ def main() -> None:
         n = len(texts)
         index = {f"{i:020x}": i for i in range(n)}
 
-        t0 = time.perf_counter()
-        sig = compute_signatures(texts)
-        sig_rate = n / (time.perf_counter() - t0)
-        rows, cols, jac = true_pair_jaccard(texts)
-        reference = pair_metrics(cluster_pairs(datasketch_reference_clusters(sig), n), rows, cols, jac, n)
-
         # Quick mode skips the warm-up, so its Kiln timing is cold and overhead-dominated.
         kiln, kiln_rss = run_worker(
             ["--worker", "kiln", "--data", str(tmp / "quality"), "--out", str(tmp / "dups"), "--variants", ",".join(variants)]
             + (["--cold"] if args.quick else [])
         )
+        t0 = time.perf_counter()
+        sig = compute_signatures(texts)
+        sig_rate = n / (time.perf_counter() - t0)
+        rows, cols, jac = true_pair_jaccard(texts)
+        reference = pair_metrics(cluster_pairs(datasketch_reference_clusters(sig), n), rows, cols, jac, n)
         quality = {
             name: pair_metrics(cluster_pairs(kiln_clusters(tmp / "dups" / name, index), n), rows, cols, jac, n)
             for name in variants
         }
+        methods = [("datasketch MinHashLSH (ref)", reference, None)]
+        methods += [(f"kiln {k}", v, kiln["variants"][k]["seconds"]) for k, v in quality.items()]
+        td_quality = td_quality_run = None
+        if td_python:
+            try:
+                td_quality_run, td_quality_rss = run_text_dedup(td_python, tmp / "quality", tmp / "td_quality")
+            except (RuntimeError, KeyError, ValueError) as exc:  # installed but broken: a reason, not a crash
+                td_python, td_reason = None, f"text-dedup failed: {str(exc)[-300:]}"
+                print(f"text-dedup baseline skipped: {td_reason}")
+        if td_python:
+            td_clusters = [[index[d] for d in c] for c in td_quality_run["clusters"]]
+            td_quality = pair_metrics(cluster_pairs(td_clusters, n), rows, cols, jac, n)
+            methods.append(("text-dedup minhash", td_quality, td_quality_run["seconds"]))
         print(f"quality set: {n} docs, {len(jac)} pairs with J > 0, single-core compute_signatures {sig_rate:,.0f} docs/s")
-        header = f"{'method':28s} {'pairs':>7s} {'P@0.8':>7s} {'R@0.8':>7s} {'P@0.5':>7s} {'R@.5-.8':>8s} {'seconds':>8s}"
-        print(header)
-        for name, m in [("datasketch MinHashLSH (ref)", reference)] + [(f"kiln {k}", v) for k, v in quality.items()]:
-            secs = kiln["variants"][name[5:]]["seconds"] if name.startswith("kiln") else float("nan")
+        print("P@.5-.8: share of merged pairs below J 0.8 that have J >= 0.5")
+        print(f"{'method':28s} {'pairs':>7s} {'P@0.8':>7s} {'R@0.8':>7s} {'P@.5-.8':>8s} {'R@.5-.8':>8s} {'seconds':>8s}")
+        for name, m, secs in methods:
             print(
                 f"{name:28s} {m['predicted_pairs']:7d} {m['precision_08']:7.3f} {m['recall_08']:7.3f} "
-                f"{m['precision_05_08']:7.3f} {m['recall_05_08']:8.3f} {secs:8.1f}"
+                f"{fmt(m['precision_05_08'], '8.3f'):>8s} {m['recall_05_08']:8.3f} {fmt(secs, '8.1f'):>8s}"
             )
         print(f"truth: {reference['pairs_08']} pairs J>=0.8, {reference['pairs_05_08']} pairs 0.5<=J<0.8")
 
-        # --- speed
+        # --- speed: (kiln run, kiln RSS, datasketch run, its RSS, text-dedup run or None, its RSS)
         speed = {}
+
+        def kiln_row(run):
+            return run["variants"]["default"] | {k: run[k] for k in ("session_start_seconds", "warmup_seconds")}
+
         if args.quick:
             base_run, base_rss = run_worker(["--worker", "datasketch", "--data", str(tmp / "quality")])
-            speed[n] = (kiln["variants"]["default"] | {"startup": kiln["startup_seconds"]}, kiln_rss, base_run, base_rss)
+            speed[n] = (kiln_row(kiln), kiln_rss, base_run, base_rss, td_quality_run, td_quality_rss if td_python else 0)
         for size in sizes:
             pool = rng.sample(windows, len(windows)) + sentence_docs(streams, int(size / 1.2) - len(windows), rng)
             docs = planted_set(pool, dup_fraction=0.1, rng=rng)[:size]
             write_docs(docs, tmp / f"speed{size}", seed=size)
             k_run, k_rss = run_worker(["--worker", "kiln", "--data", str(tmp / f"speed{size}"), "--out", str(tmp / f"sdups{size}")])
             b_run, b_rss = run_worker(["--worker", "datasketch", "--data", str(tmp / f"speed{size}")])
-            speed[size] = (k_run["variants"]["default"] | {"startup": k_run["startup_seconds"]}, k_rss, b_run, b_rss)
+            t_run, t_rss = None, 0
+            if td_python:
+                try:
+                    t_run, t_rss = run_text_dedup(td_python, tmp / f"speed{size}", tmp / f"td{size}")
+                except (RuntimeError, KeyError, ValueError) as exc:
+                    print(f"text-dedup failed at {size} docs: {str(exc)[-300:]}")
+            speed[size] = (kiln_row(k_run), k_rss, b_run, b_rss, t_run, t_rss)
 
-        print("kiln s: signatures + dedup, wall clock after Spark start-up ('start', not counted); cpu: process-tree CPU seconds")
+        print("kiln s: signatures + dedup, wall clock after Spark session start ('start') and warm-up, neither counted;")
+        print("cpu: process-tree CPU seconds; text-dedup s: its MinHashing + Clustering + Filtering phases")
         print(
             f"{'docs':>8s} {'start':>6s} {'kiln s':>7s} {'(sigs)':>7s} {'cpu s':>7s} {'docs/s':>7s} {'RSS MB':>7s} | "
-            f"{'datasketch s':>12s} {'(sigs)':>7s} {'cpu s':>7s} {'docs/s':>7s} {'RSS MB':>7s} | KB/doc kiln, datasketch"
+            f"{'datasketch s':>12s} {'(sigs)':>7s} {'cpu s':>7s} {'docs/s':>7s} {'RSS MB':>7s} | "
+            f"{'text-dedup s':>12s} {'RSS MB':>7s} | KB/doc kiln, datasketch"
         )
-        for size, (k, k_rss, b, b_rss) in speed.items():
+        for size, (k, k_rss, b, b_rss, t, t_rss) in speed.items():
             print(
-                f"{size:8d} {k['startup']:6.1f} {k['seconds']:7.1f} {k['signature_seconds']:7.1f} {k['cpu_seconds']:7.1f} "
-                f"{size / k['seconds']:7.0f} {k_rss:7.0f} | {b['seconds']:12.1f} {b['signature_seconds']:7.1f} "
-                f"{b['cpu_seconds']:7.1f} {size / b['seconds']:7.0f} {b_rss:7.0f} | "
+                f"{size:8d} {k['session_start_seconds']:6.1f} {k['seconds']:7.1f} {k['signature_seconds']:7.1f} "
+                f"{k['cpu_seconds']:7.1f} {size / k['seconds']:7.0f} {k_rss:7.0f} | {b['seconds']:12.1f} "
+                f"{b['signature_seconds']:7.1f} {b['cpu_seconds']:7.1f} {size / b['seconds']:7.0f} {b_rss:7.0f} | "
+                f"{fmt(t and t['seconds'], '12.1f'):>12s} {fmt(t and t_rss, '7.0f'):>7s} | "
                 f"{k_rss * 1024 / size:6.1f}, {b_rss * 1024 / size:6.1f}"
             )
 
     largest = max(speed)
-    k, k_rss, b, b_rss = speed[largest]
+    k, k_rss, b, b_rss, t, t_rss = speed[largest]
     default = quality["default"]
+    with_start = k["session_start_seconds"] + k["warmup_seconds"] + k["seconds"]
     summary = {
         "benchmark": "bench_dedup",
         "precision_08": round(default["precision_08"], 4),
         "recall_08": round(default["recall_08"], 4),
-        "precision_05_08": round(default["precision_05_08"], 4),
+        "precision_05_08": None if default["precision_05_08"] is None else round(default["precision_05_08"], 4),
         "recall_05_08": round(default["recall_05_08"], 4),
         "docs_per_s": round(largest / k["seconds"], 1),
+        "docs_per_s_includes_session_start": False,
+        "kiln_session_start_s": round(k["session_start_seconds"], 2),
+        "kiln_warmup_s": round(k["warmup_seconds"], 2),
+        "docs_per_s_with_session_start": round(largest / with_start, 1),
         "baseline_docs_per_s": round(largest / b["seconds"], 1),
         "ratio": round(b["seconds"] / k["seconds"], 3),
         "cpu_docs_per_s": round(largest / k["cpu_seconds"], 1),
         "baseline_cpu_docs_per_s": round(largest / b["cpu_seconds"], 1),
         "peak_rss_mb": {f"kiln_{s}": round(v[1]) for s, v in speed.items()}
-        | {f"datasketch_{s}": round(v[3]) for s, v in speed.items()},
+        | {f"datasketch_{s}": round(v[3]) for s, v in speed.items()}
+        | {f"textdedup_{s}": round(v[5]) for s, v in speed.items() if v[4]},
         # The memory curve: peak RSS per document at each size (flat or falling = no per-doc growth).
         "peak_rss_kb_per_doc": {f"kiln_{s}": round(v[1] * 1024 / s, 1) for s, v in speed.items()}
-        | {f"datasketch_{s}": round(v[3] * 1024 / s, 1) for s, v in speed.items()},
+        | {f"datasketch_{s}": round(v[3] * 1024 / s, 1) for s, v in speed.items()}
+        | {f"textdedup_{s}": round(v[5] * 1024 / s, 1) for s, v in speed.items() if v[4]},
         "docs": largest,
         "quality_docs": n,
-        "reference_datasketch": {k2: round(reference[k2], 4) for k2 in ("precision_08", "recall_08", "precision_05_08", "recall_05_08")},
+        "reference_datasketch": {k2: reference[k2] if reference[k2] is None else round(reference[k2], 4)
+                                 for k2 in ("precision_08", "recall_08", "precision_05_08", "recall_05_08")},
+        "textdedup": {"skipped": td_reason or "failed at this size (printed above)"} if t is None else {
+            "docs_per_s": round(largest / t["seconds"], 1),
+            "ratio": round(t["seconds"] / k["seconds"], 3),  # > 1: Kiln faster
+            "total_s": round(t["total_seconds"], 2),
+            **{k2: td_quality[k2] if td_quality[k2] is None else round(td_quality[k2], 4)
+               for k2 in ("precision_08", "recall_08", "precision_05_08", "recall_05_08")},
+        },
         "single_core_signature_docs_per_s": round(sig_rate, 1),
+        "bench_wall_s": round(time.perf_counter() - t_bench, 1),
     }
     print(json.dumps(summary))
 
