@@ -15,13 +15,19 @@ own scheme). With thread=1 the result is then bit-for-bit reproducible.
 """
 from __future__ import annotations
 
+import fnmatch
+import gzip
+import hashlib
+import json
 import math
 import os
 import random
+import re
 import tempfile
 import threading
 from collections import Counter
-from typing import Sequence
+from pathlib import Path
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -45,6 +51,116 @@ def with_bigrams(line: str) -> str:
     if len(words) < 2:
         return line
     return line + " " + " ".join(a + BIGRAM_JOINER + b for a, b in zip(words, words[1:]))
+
+
+# --------------------------------------------------------------------------------------------
+# An external reference corpus: text and JSONL files
+
+
+class ReferenceCorpusError(ValueError):
+    """A reference path that cannot be read as configured (missing, empty, wrong field)."""
+
+
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t\f\v]*\n")
+
+
+def reference_files(paths: Sequence[str | os.PathLike], patterns: Sequence[str], exclude: Sequence[str] = ()) -> list[Path]:
+    """The files of `paths`: each a file (taken as it is) or a folder, searched recursively for
+    names matching one of `patterns` and none of `exclude`, in sorted order (so the corpus, and
+    the model trained on it, do not depend on the file system's listing order)."""
+    files: list[Path] = []
+    for entry in paths:
+        path = Path(entry)
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = sorted(
+                p for p in path.rglob("*")
+                if p.is_file() and any(fnmatch.fnmatch(p.name, pat) for pat in patterns)
+                and not any(fnmatch.fnmatch(p.name, pat) for pat in exclude)
+            )
+            if not found:
+                raise ReferenceCorpusError(f"{path}: no file matching {list(patterns)} (excluding {list(exclude)})")
+            files += found
+        else:
+            raise ReferenceCorpusError(f"{path} does not exist")
+    return files
+
+
+def _open_text(path: Path):
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8-sig")  # a BOM (as in Project Gutenberg texts) is no text
+
+
+def passages(text: str, chars: int) -> Iterator[str]:
+    """`text` cut at paragraph breaks into passages of about `chars` characters (a paragraph
+    longer than that is a passage of its own): a book is thousands of examples, not one."""
+    current: list[str] = []
+    size = 0
+    for paragraph in _PARAGRAPH_BREAK.split(text.replace("\r\n", "\n")):
+        paragraph = paragraph.strip()
+        if not paragraph:
+            continue
+        current.append(paragraph)
+        size += len(paragraph)
+        if size >= chars:
+            yield "\n\n".join(current)
+            current, size = [], 0
+    if current:
+        yield "\n\n".join(current)
+
+
+def read_reference_texts(
+    paths: Sequence[str | os.PathLike],
+    *,
+    field: str = "text",
+    passage_chars: int = 2000,
+    patterns: Sequence[str] = ("*.txt", "*.jsonl", "*.txt.gz", "*.jsonl.gz"),
+    exclude: Sequence[str] = (),
+) -> tuple[list[str], dict]:
+    """Reference-quality documents from text and JSONL files (or folders of them).
+
+    A .jsonl(.gz) file is one document per line, its text in `field`; any other file is plain
+    UTF-8 text cut into passages of about `passage_chars` characters at paragraph breaks.
+    Returns (texts, report) with the files read, their documents and a sha256 over their bytes
+    (the corpus's identity in the model's metadata). Raises ReferenceCorpusError naming the file
+    (and line) for a missing path, an empty folder, a JSONL line without `field`, no text at all.
+    """
+    texts: list[str] = []
+    digest = hashlib.sha256()
+    per_file: dict[str, int] = {}
+    for path in reference_files(paths, patterns, exclude):
+        digest.update(path.read_bytes())
+        before = len(texts)
+        with _open_text(path) as handle:
+            if path.name.endswith((".jsonl", ".jsonl.gz")):
+                for number, line in enumerate(handle, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        record = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise ReferenceCorpusError(f"{path}:{number}: not JSON ({exc.msg})") from None
+                    value = record.get(field) if isinstance(record, dict) else None
+                    if not isinstance(value, str):
+                        raise ReferenceCorpusError(f"{path}:{number}: no string field {field!r}")
+                    if value.strip():
+                        texts.append(value)
+            else:
+                texts += list(passages(handle.read(), passage_chars))
+        per_file[str(path)] = len(texts) - before
+    if not texts:
+        raise ReferenceCorpusError(f"no text in {[str(p) for p in paths]}")
+    return texts, {"files": per_file, "documents": len(texts), "sha256": digest.hexdigest()}
+
+
+def sample_texts(texts: Sequence[str], limit: int, seed: int) -> list[str]:
+    """At most `limit` of `texts`, a seeded sample in their original order (reproducible)."""
+    if len(texts) <= limit:
+        return list(texts)
+    chosen = sorted(random.Random(seed).sample(range(len(texts)), limit))
+    return [texts[i] for i in chosen]
 
 
 def _write_examples(path: str, examples: Sequence[tuple[str, str]]) -> set[str]:

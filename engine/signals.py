@@ -198,52 +198,106 @@ def gopher_repetition_signals(text: str, words: list[str]) -> dict[str, float]:
 
 # --------------------------------------------------------------------------------------------
 # C4 (tfds c4_utils.clean_page, datatrove C4QualityFilter)
+#
+# C4 removes lines (too long a word, no terminal punctuation, too few words, "javascript",
+# policy/cookie boilerplate) and then judges the page on the lines left ("lorem ipsum" or "{"
+# drops it, and so do fewer than 5 sentences). Which lines go is a filters setting, so this
+# stage stores per-line facts (`c4_lines`) from which engine/filters.py removes the lines and
+# recomputes the page rules for any setting, without reading the page again. The scalar C4
+# columns are those page rules under the published settings as FineWeb ran them
+# (filter_no_terminal_punct=False): the FilterConfig defaults.
 
 C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
 C4_POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies", "use cookies")
-C4_MIN_WORDS_PER_LINE = 3
-C4_MAX_WORD_LENGTH = 1000
-_CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+C4_MIN_WORDS_PER_LINE = 3  # published min_words_per_line
+C4_MAX_WORD_LENGTH = 1000  # published max_word_length: longer "words" are markup or encoded data
+C4_LINE_COUNT_MAX = 255  # per-line word and sentence counts are stored as one byte each
+C4_CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 _SENTENCE_END = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)")
 
+# Bits of a line's flags byte in `c4_lines`.
+C4_TOO_LONG_WORD = 1  # a whitespace-separated word longer than C4_MAX_WORD_LENGTH
+C4_END_PUNCT = 2  # ends in terminal punctuation (not "...") once citation markers are removed
+C4_END_PUNCT_RAW = 4  # the same with citation markers left in
+C4_JAVASCRIPT = 8
+C4_POLICY = 16
+C4_LOREM_IPSUM = 32
+C4_CURLY_BRACKET = 64
+C4_CITATION = 128  # has a citation marker ([1], [edit], [citation needed])
 
-def c4_signals(text: str) -> dict[str, float]:
-    """Line counts as C4 sees them.
 
-    C4 applies "lorem ipsum" and "{" (drop the page) only to lines that survive its
-    terminal-punctuation and >= 3-words rules, and counts sentences only in lines it keeps.
+def c4_signals(text: str) -> dict:
+    """C4's per-line facts and its page rules under the default (FineWeb) settings.
+
+    `c4_lines` holds, for the lines of text.splitlines(), three byte planes of equal length:
+    flags (C4_* bits), words (len(line.split()), capped at 255) and sentences (0 for a blank
+    line, else at least 1, capped at 255). Lines are stripped first, and lower-cased matching
+    and sentences use the line without citation markers, as datatrove does.
     """
+    lines = text.splitlines()
+    n_lines = len(lines)
+    flags = bytearray(n_lines)
+    word_counts = bytearray(n_lines)
+    sentence_counts = bytearray(n_lines)
     nonempty = terminal = javascript = policy = lorem = curly = sentences = 0
     text_lower = text.lower()
     # Most pages have none of these anywhere; skip the per-line searches then.
     any_javascript = "javascript" in text_lower
     any_policy = any(p in text_lower for p in C4_POLICY_SUBSTRINGS)
     any_lorem = "lorem ipsum" in text_lower
-    for raw_line in text.splitlines():
+    any_keyword = any_javascript or any_policy or any_lorem
+    any_citation = "[" in text
+    any_curly = "{" in text
+    for i, raw_line in enumerate(lines):
         line = raw_line.strip()
         if not line:
             continue
         nonempty += 1
-        lowered = line.lower() if (any_javascript or any_policy or any_lorem) else ""
-        has_javascript = any_javascript and "javascript" in lowered
-        has_policy = any_policy and any(p in lowered for p in C4_POLICY_SUBSTRINGS)
-        javascript += has_javascript
-        policy += has_policy
         words = line.split()
+        n_words = len(words)
+        f = 0
         if len(line) > C4_MAX_WORD_LENGTH and any(len(w) > C4_MAX_WORD_LENGTH for w in words):
-            continue
-        if "[" in line:
-            line = _CITATION.sub("", line)
-        ends_sentence = line.endswith(C4_END_PUNCTUATION) and not line.endswith("...")
-        terminal += ends_sentence
-        if not ends_sentence or len(words) < C4_MIN_WORDS_PER_LINE:
-            continue
-        lorem += any_lorem and "lorem ipsum" in lowered
-        curly += "{" in line
-        if has_javascript or has_policy:
-            continue
+            f |= C4_TOO_LONG_WORD
+        if line.endswith(C4_END_PUNCTUATION) and not line.endswith("..."):
+            f |= C4_END_PUNCT_RAW
+        if any_citation and "[" in line:
+            cleaned = C4_CITATION_RE.sub("", line)
+            if cleaned != line:
+                f |= C4_CITATION
+                line = cleaned
+        if line.endswith(C4_END_PUNCTUATION) and not line.endswith("..."):
+            f |= C4_END_PUNCT
+        if any_keyword:
+            lowered = line.lower()
+            if any_javascript and "javascript" in lowered:
+                f |= C4_JAVASCRIPT
+            if any_policy and any(p in lowered for p in C4_POLICY_SUBSTRINGS):
+                f |= C4_POLICY
+            if any_lorem and "lorem ipsum" in lowered:
+                f |= C4_LOREM_IPSUM
+        if any_curly and "{" in line:
+            f |= C4_CURLY_BRACKET
         # NLTK's punkt would split sentences; count sentence-final punctuation instead.
-        sentences += max(1, len(_SENTENCE_END.findall(line)))
+        n_sentences = len(_SENTENCE_END.findall(line)) if ("." in line or "!" in line or "?" in line) else 0
+        n_sentences = max(1, n_sentences) if line else 0  # a line of citation markers only has none
+        flags[i] = f
+        word_counts[i] = min(n_words, C4_LINE_COUNT_MAX)
+        sentence_counts[i] = min(n_sentences, C4_LINE_COUNT_MAX)
+
+        terminal += bool(f & C4_END_PUNCT)
+        javascript += bool(f & C4_JAVASCRIPT)
+        policy += bool(f & C4_POLICY)
+        # The page rules under the default settings, in datatrove's order (C4QualityFilter.filter):
+        # too long a word, too few words, lorem ipsum, javascript, "{", policy, then sentences.
+        if f & C4_TOO_LONG_WORD or n_words < C4_MIN_WORDS_PER_LINE:
+            continue
+        lorem += bool(f & C4_LOREM_IPSUM)
+        if f & C4_JAVASCRIPT:
+            continue
+        curly += bool(f & C4_CURLY_BRACKET)
+        if f & C4_POLICY:
+            continue
+        sentences += n_sentences
     return {
         "c4_terminal_punct_frac": terminal / nonempty if nonempty else 0.0,
         "c4_sentence_count": sentences,
@@ -251,6 +305,7 @@ def c4_signals(text: str) -> dict[str, float]:
         "c4_policy_lines": policy,
         "c4_lorem_ipsum_lines": lorem,
         "c4_curly_bracket_lines": curly,
+        "c4_lines": bytes(flags + word_counts + sentence_counts),
     }
 
 
@@ -484,7 +539,7 @@ def pii_counts(text: str) -> dict[str, int]:
 
 
 def text_signals(text: str | None, badwords: BadwordMatcher | None = None) -> dict[str, float]:
-    """Every text-only signal of one document (no models, no URL)."""
+    """Every text-only signal of one document (no models, no URL), and its per-line `c4_lines`."""
     text = text or ""
     words = tokenize_words(text)
     signals: dict[str, float] = {"char_count": len(text), "line_count": len(text.splitlines())}
@@ -545,10 +600,13 @@ SIGNAL_NAMES = [name for name, _ in SIGNAL_COLUMNS]
 # Signals that need a model or the URL; all others come from text_signals.
 _CONTEXT_SIGNALS = {"language", "language_score", "url_blocklisted", "classifier_score"}
 TEXT_SIGNAL_NAMES = [name for name in SIGNAL_NAMES if name not in _CONTEXT_SIGNALS]
+# Per-line facts, not one number per document: what filtered needs to remove lines (c4_signals).
+LINE_SIGNAL_COLUMNS: list[tuple[str, str]] = [("c4_lines", "binary")]
+LINE_SIGNAL_NAMES = [name for name, _ in LINE_SIGNAL_COLUMNS]
 
 
 def signals_ddl(with_minhash: bool = True) -> str:
-    columns = [("doc_id", "string"), *SIGNAL_COLUMNS]
+    columns = [("doc_id", "string"), *SIGNAL_COLUMNS, *LINE_SIGNAL_COLUMNS]
     if with_minhash:
         columns.append(("minhash", "binary"))
     return ", ".join(f"{name} {kind}" for name, kind in columns)
@@ -636,7 +694,7 @@ def signals_for_batch(pdf: pd.DataFrame, resources: SignalResources) -> pd.DataF
     badwords, blocklist = _matchers(resources)
 
     rows = [text_signals(text, badwords) for text in texts]
-    out = pd.DataFrame.from_records(rows, columns=TEXT_SIGNAL_NAMES)
+    out = pd.DataFrame.from_records(rows, columns=[*TEXT_SIGNAL_NAMES, *LINE_SIGNAL_NAMES])
     out.insert(0, "doc_id", pdf["doc_id"].astype(str).to_numpy())
 
     languages, scores = LanguageIdentifier(resources.lid_model_path).predict(texts)
@@ -658,7 +716,7 @@ def signals_for_batch(pdf: pd.DataFrame, resources: SignalResources) -> pd.DataF
             out[name] = out[name].astype("float64")
         elif types[name] == "boolean":
             out[name] = out[name].astype("bool")
-    columns = ["doc_id", *SIGNAL_NAMES]
+    columns = ["doc_id", *SIGNAL_NAMES, *LINE_SIGNAL_NAMES]
     if resources.with_minhash:
         out["minhash"] = _minhash_bytes(texts, resources)
         columns.append("minhash")
@@ -704,7 +762,7 @@ def compute_signals(
     minhash_seed: int = 1,
     with_minhash: bool = True,
 ):
-    """quality_signals for a documents DataFrame: doc_id, one column per signal, minhash.
+    """quality_signals for a documents DataFrame: doc_id, one column per signal, c4_lines, minhash.
 
     Runs `signals_for_batch` on Arrow batches with mapInPandas; models are loaded once per
     Python worker (module-level caches keyed by path), never per row or per batch.

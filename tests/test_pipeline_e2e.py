@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
+from engine.filters import NON_THRESHOLD_RULES
 from kiln_demo import ASSETS, PARTITIONED
 from workflows.config import REPO_ROOT
 
@@ -48,7 +49,12 @@ def test_filters_remove_spam_and_boilerplate_and_keep_good_prose(pipeline):
     url_of = {r["doc_id"]: r["url"] for r in rows(latest(root, "documents") / "data", ["doc_id", "url"])}
     kept = {r["doc_id"] for r in rows(latest(root, "filtered") / "kept", ["doc_id"])}
     rejected = rows(latest(root, "filtered") / "rejected")
-    assert all(r["rule"] and r["threshold"] is not None for r in rejected)
+    for r in rejected:
+        # Every row says why in words; numeric rules also keep their value and threshold, while
+        # language_not_allowed and missing_signals have none (NON_THRESHOLD_RULES).
+        assert r["rule"] and r["detail"], r
+        assert (r["threshold"] is None) == (r["rule"] in NON_THRESHOLD_RULES), r
+        assert r["value"] is not None or r["rule"] in (*NON_THRESHOLD_RULES, "classifier_score"), r
     by_kind: dict[str, list[bool]] = {}
     for doc_id, url in url_of.items():
         by_kind.setdefault(labels[url]["kind"], []).append(doc_id in kept)

@@ -53,7 +53,8 @@ def test_empty_text_has_zero_signals():
     assert got["word_count"] == 0 and got["char_count"] == 0
     # FineWeb sees one empty line, which is short; everything else is zero.
     assert got["short_line_ratio"] == 1
-    assert all(v == 0 for k, v in got.items() if k != "short_line_ratio")
+    assert got["c4_lines"] == b""  # no lines
+    assert all(v == 0 for k, v in got.items() if k not in ("short_line_ratio", "c4_lines"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,27 +135,54 @@ def test_repetition_matches_datatrove_definition(shared_data):
 # C4 and FineWeb
 
 
+def _c4_planes(blob: bytes) -> tuple[list[int], list[int], list[int]]:
+    n = len(blob) // 3
+    return list(blob[:n]), list(blob[n : 2 * n]), list(blob[2 * n :])
+
+
 def test_c4_line_rules():
     text = "\n".join(
         [
             "This line ends well. It has two sentences.",
             "no terminal punctuation here",
             "Too short.",
+            "",
             "Please enable JavaScript to view this page.",
             "Read our privacy policy before you go.",
             "Lorem ipsum dolor sit amet.",
-            "function f() { return 1; }",  # "{" in a line C4 would drop anyway: ignored
-            "Here is a {placeholder} in prose.",
+            "JavaScript: var x = { a: 1 };",  # "{" in a javascript line: the line goes, not the page
+            "Here is a {placeholder} in prose",  # no terminal punctuation: FineWeb's C4 still sees it
+            "A claim with a source.[12]",
         ]
     )
     got = S.text_signals(text)
-    assert got["c4_javascript_lines"] == 1
+    assert got["c4_javascript_lines"] == 2
     assert got["c4_policy_lines"] == 1
     assert got["c4_lorem_ipsum_lines"] == 1
+    # Under the default (FineWeb) settings lines without terminal punctuation stay, so the
+    # {placeholder} line counts; the javascript line's "{" does not (the line is removed first).
     assert got["c4_curly_bracket_lines"] == 1
-    assert got["c4_terminal_punct_frac"] == pytest.approx(6 / 8)
-    # kept lines: the first (2 sentences), lorem ipsum (1), the {placeholder} line (1)
-    assert got["c4_sentence_count"] == 4
+    # 9 non-empty lines, 6 end in terminal punctuation (the [12] line once its marker is removed)
+    assert got["c4_terminal_punct_frac"] == pytest.approx(6 / 9)
+    # lines left: the first (2 sentences), no-terminal (1), lorem ipsum (1), {placeholder} (1), cited (1)
+    assert got["c4_sentence_count"] == 6
+    flags, words, sentences = _c4_planes(got["c4_lines"])
+    assert len(flags) == len(text.splitlines())
+    assert words == [8, 4, 2, 0, 7, 7, 5, 8, 6, 5]
+    assert sentences == [2, 1, 1, 0, 1, 1, 1, 1, 1, 1]
+    assert flags[3] == 0  # blank
+    assert flags[4] == S.C4_JAVASCRIPT | S.C4_END_PUNCT | S.C4_END_PUNCT_RAW
+    assert flags[7] == S.C4_JAVASCRIPT | S.C4_CURLY_BRACKET  # ends in ";"
+    assert flags[8] == S.C4_CURLY_BRACKET
+    assert flags[9] == S.C4_CITATION | S.C4_END_PUNCT  # ends in "]" with the marker left in
+
+
+def test_c4_long_word_lines():
+    word = "x" * (S.C4_MAX_WORD_LENGTH + 1)
+    got = S.text_signals(f"A line with {word} in it.\nA normal line of prose.")
+    flags, _, _ = _c4_planes(got["c4_lines"])
+    assert flags[0] & S.C4_TOO_LONG_WORD and not flags[1] & S.C4_TOO_LONG_WORD
+    assert got["c4_sentence_count"] == 1
 
 
 def test_fineweb_signals_known_values():
@@ -278,7 +306,7 @@ def test_compute_signals_pandas_columns_and_types(shared_data, lid_model_path):
         with_minhash=HAS_MINHASH,
         num_perm=16,
     )
-    expected = ["doc_id", *S.SIGNAL_NAMES] + (["minhash"] if HAS_MINHASH else [])
+    expected = ["doc_id", *S.SIGNAL_NAMES, *S.LINE_SIGNAL_NAMES] + (["minhash"] if HAS_MINHASH else [])
     assert list(out.columns) == expected
     assert out["doc_id"].tolist() == docs["doc_id"].tolist()
     assert out["url_blocklisted"].tolist() == [i == 1 for i in range(len(docs))]
@@ -286,6 +314,7 @@ def test_compute_signals_pandas_columns_and_types(shared_data, lid_model_path):
     assert out["language"].iloc[-3:].tolist() == ["und", "de", "zh"]
     assert out["classifier_score"].isna().all()  # no classifier given
     assert out["pii_phone"].iloc[-1] == 1
+    assert [len(b) for b in out["c4_lines"]] == [3 * len(t.splitlines()) for t in docs["text"]]
     for name, kind in S.SIGNAL_COLUMNS:
         if kind == "long":
             assert out[name].dtype == np.int64, name
@@ -315,8 +344,8 @@ def test_compute_signals_spark_matches_pandas(spark, shared_data, lid_model_path
     assert [f.name for f in result.schema.fields] == list(expected.columns)
     got = result.toPandas().sort_values("doc_id").reset_index(drop=True)
     for name in expected.columns:
-        if name == "minhash":
-            assert [bytes(b) for b in got[name]] == list(expected[name])
+        if name in ("minhash", "c4_lines"):
+            assert [bytes(b) for b in got[name]] == list(expected[name]), name
         elif name == "classifier_score":
             assert got[name].isna().all()  # NaN arrives as SQL NULL
         elif expected[name].dtype == np.float64:
