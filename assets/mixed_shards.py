@@ -6,7 +6,42 @@ import dagster as dg
 
 from assets.tokenizer import META_FILE
 from engine.mix import build_mixture
+from workflows.config import REPO_ROOT
 from workflows.kiln import KilnResource, markdown_table, stage
+
+EXAMPLES_SHOWN = 3  # matching spans per eval set in the metadata (the manifest keeps max_examples)
+_SPAN_CHARS = 160
+
+
+def decontam_metadata(manifest: dict) -> dict[str, dg.MetadataValue]:
+    """The decontamination report of a mixed_shards manifest as Dagster metadata: per eval set
+    its items, matches and what happened to the matching documents, and a few matching spans."""
+    report = manifest.get("decontam") or {"enabled": False}
+    if not report.get("enabled"):
+        return {"decontamination": dg.MetadataValue.md("_off: no eval sets under `mix.decontam.eval_sets`_")}
+    rows, examples = [], []
+    for name, stats in sorted(report["eval_sets"].items()):
+        rows.append({
+            "eval_set": name,
+            "items": stats["items"],
+            "items_too_short": stats["items_too_short"],
+            "items_matched": stats["items_matched"],
+            "documents_matched": stats["documents_matched"],
+            "documents_removed": stats.get("documents_removed", 0),
+            "documents_flagged": stats.get("documents_flagged", 0),
+        })
+        for example in stats["examples"][:EXAMPLES_SHOWN]:
+            span = example["span"] if len(example["span"]) <= _SPAN_CHARS else example["span"][:_SPAN_CHARS] + "..."
+            examples.append({"eval_set": name, "item": example["item"], "doc_id": example["doc_id"],
+                             "matching_ngrams": example["matching_ngrams"], "span": span})
+    summary = (f"mode `{report['mode']}`, {report['ngram']}-grams: {report['documents_contaminated']} of "
+               f"{report['documents_scanned']} documents matched, {report['documents_removed']} removed")
+    return {
+        "decontamination": dg.MetadataValue.md(summary + "\n\n" + markdown_table(rows)),
+        "decontamination_examples": dg.MetadataValue.md(markdown_table(
+            examples, ["eval_set", "item", "doc_id", "matching_ngrams", "span"])),
+        "documents_contaminated": report["documents_contaminated"],
+    }
 
 
 @stage("mixed_shards", "mix", partitioned=False, deps=["tokenized", "tokenizer", "deduplicated"])
@@ -25,6 +60,8 @@ def mixed_shards(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Ma
             eos_id=meta["special_ids"]["eos"],
             token_bytes_path=str(tok_in.path / "token_bytes.npy"),
             doc_texts=[str(a.path / "kept") for a in dedup_in],
+            # pipeline.yaml's relative paths are relative to the repository root, not the cwd
+            eval_sets_base_dir=str(REPO_ROOT),
         )
     for warning in manifest.get("warnings", []):
         context.log.warning(warning)
@@ -35,6 +72,7 @@ def mixed_shards(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Ma
         inputs={"tokenized": tokenized_in, "deduplicated": dedup_in, "tokenizer": tok_in},
         counts={"train_sequences": manifest["train"]["num_sequences"],
                 **{f"val_sequences_{b}": v["num_sequences"] for b, v in manifest["validation"].items()}},
-        metadata={"buckets": dg.MetadataValue.md(markdown_table(buckets)), "seq_len": manifest["seq_len"]},
+        metadata={"buckets": dg.MetadataValue.md(markdown_table(buckets)), "seq_len": manifest["seq_len"],
+                  **decontam_metadata(manifest)},
         started=started,
     )

@@ -5,12 +5,16 @@ Text on both sides is normalised the same way: lower-cased words made of letters
 words is hashed to 64 bits (per-word BLAKE2b folded with a polynomial, vectorised in NumPy);
 a document is contaminated when any of its window hashes occurs in an eval set. Eval items
 shorter than `ngram` words cannot match and are counted as `items_too_short`.
+
+Relative eval-set paths are resolved against `base_dir` (the pipeline passes the repository
+root, which pipeline.yaml's relative paths are relative to), never against the current directory.
 """
 from __future__ import annotations
 
 import gzip
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,7 +38,8 @@ class EvalSetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, description="Key of this set in reports, e.g. 'gsm8k'.")
-    path: str = Field(min_length=1, description="`.jsonl` or `.jsonl.gz` file.")
+    path: str = Field(min_length=1,
+                      description="`.jsonl` or `.jsonl.gz` file (relative to the repository root, or absolute).")
     fields: list[str] = Field(min_length=1, description="Text fields whose n-grams are protected, e.g. GSM8K_FIELDS.")
     id_field: str | None = Field(None, description="Field naming an item in examples (e.g. 'task_id'); line number otherwise.")
 
@@ -90,10 +95,16 @@ def _open_text(path: str):
     return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
 
 
-def load_eval_items(eval_set: EvalSetConfig) -> list[tuple[str, list[str]]]:
+def eval_set_path(eval_set: EvalSetConfig, base_dir: str | os.PathLike | None = None) -> str:
+    """The file of `eval_set`: its path as configured when absolute (or no base), else under base_dir."""
+    path = os.path.expanduser(eval_set.path)
+    return path if base_dir is None or os.path.isabs(path) else os.path.join(os.fspath(base_dir), path)
+
+
+def load_eval_items(eval_set: EvalSetConfig, base_dir: str | os.PathLike | None = None) -> list[tuple[str, list[str]]]:
     """(item id, texts of the configured fields) per JSONL line."""
     items = []
-    with _open_text(eval_set.path) as f:
+    with _open_text(eval_set_path(eval_set, base_dir)) as f:
         for line_no, line in enumerate(f):
             if not line.strip():
                 continue
@@ -118,10 +129,10 @@ class EvalNgramIndex:
     sets: list[_EvalSetIndex] = field(default_factory=list)
 
 
-def build_eval_index(cfg: DecontamConfig) -> EvalNgramIndex:
+def build_eval_index(cfg: DecontamConfig, base_dir: str | os.PathLike | None = None) -> EvalNgramIndex:
     index = EvalNgramIndex(cfg.ngram)
     for eval_set in cfg.eval_sets:
-        items = load_eval_items(eval_set)
+        items = load_eval_items(eval_set, base_dir)
         chunks, owners, too_short = [], [], 0
         for position, (_, texts) in enumerate(items):
             grams = [ngram_hashes(normalize_words(t), cfg.ngram) for t in texts]
@@ -210,13 +221,23 @@ def scan_documents(docs: Iterable[tuple[str, str]], index: EvalNgramIndex, max_e
     return {"documents_scanned": scanned, "contaminated": contaminated, "eval_sets": report}
 
 
-def decontaminate(docs: Iterable[tuple[str, str]], cfg: DecontamConfig) -> tuple[set[str], dict]:
-    """Scan documents; return (doc ids to drop, report). Nothing is dropped in `flag` mode."""
+def decontaminate(docs: Iterable[tuple[str, str]], cfg: DecontamConfig,
+                  base_dir: str | os.PathLike | None = None) -> tuple[set[str], dict]:
+    """Scan documents; return (doc ids to drop, report). Nothing is dropped in `flag` mode.
+
+    Per eval set the report also says what happened to its matched documents:
+    `documents_removed` (remove mode) or `documents_flagged` (flag mode); a document matching
+    two sets counts in both.
+    """
     if not cfg.eval_sets:
         return set(), {"enabled": False}
-    result = scan_documents(docs, build_eval_index(cfg), cfg.max_examples)
+    result = scan_documents(docs, build_eval_index(cfg, base_dir), cfg.max_examples)
     contaminated = result["contaminated"]
     drop = set(contaminated) if cfg.mode == "remove" else set()
+    for stats in result["eval_sets"].values():
+        matched = stats["documents_matched"]
+        stats["documents_removed"] = matched if cfg.mode == "remove" else 0
+        stats["documents_flagged"] = matched if cfg.mode == "flag" else 0
     report = {
         "enabled": True,
         "mode": cfg.mode,

@@ -33,7 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.decontam import DecontamConfig, decontaminate
-from engine.tokenize import DOC_INDEX_FILE, IndexedDataset, shard_prefix
+from engine.tokenize import IndexedDataset, read_doc_index, shard_prefix
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +135,13 @@ class _Corpus:
     def __init__(self, tokenized_dirs: list[str], eos_id: int):
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
 
         if not tokenized_dirs:
             raise ValueError("no tokenized folders given")
         self.dirs = [os.path.abspath(d) for d in tokenized_dirs]
         tables = []
         for source, folder in enumerate(self.dirs):
-            table = pq.read_table(os.path.join(folder, DOC_INDEX_FILE))
+            table = read_doc_index(folder)  # the index files beside the folder's shards
             tables.append(table.append_column("source", pa.array(np.full(table.num_rows, source, dtype=np.int32))))
         table = pa.concat_tables(tables).sort_by("doc_id")
         self.doc_id = table.column("doc_id").combine_chunks()
@@ -359,13 +358,15 @@ def _write_windows(path: str, corpus: _Corpus, seg_rows, seg_starts, seg_lengths
 
 def build_mixture(tokenized_dirs: list[str], out_dir: str, cfg: MixConfig | None = None, *, vocab_size: int,
                   eos_id: int, token_bytes_path: str,
-                  doc_texts: Mapping[str, str] | str | list[str] | None = None) -> dict:
+                  doc_texts: Mapping[str, str] | str | list[str] | None = None,
+                  eval_sets_base_dir: str | os.PathLike | None = None) -> dict:
     """Write the `mixed_shards` folder into `out_dir` from `tokenized` folders; returns the manifest.
 
     `doc_texts` (mapping doc_id -> text, or one or more Parquet files/folders with doc_id and
     text, e.g. the deduplicated `kept/` folders) is required when `cfg.decontam.eval_sets`
-    is non-empty. Warnings (heavy repetition, missing validation) are also listed in the
-    manifest under "warnings".
+    is non-empty; relative eval-set paths are resolved against `eval_sets_base_dir` (the asset
+    passes the repository root). Warnings (heavy repetition, missing validation) are also listed
+    in the manifest under "warnings".
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -387,7 +388,8 @@ def build_mixture(tokenized_dirs: list[str], out_dir: str, cfg: MixConfig | None
         if doc_texts is None:
             raise ValueError("decontamination is configured but no doc_texts were given")
         without_text = set(corpus.doc_id.to_pylist())
-        dropped, decontam_report = decontaminate(_iter_doc_texts(doc_texts, without_text), cfg.decontam)
+        dropped, decontam_report = decontaminate(_iter_doc_texts(doc_texts, without_text), cfg.decontam,
+                                                 eval_sets_base_dir)
         decontam_report["documents_without_text"] = len(without_text)
         if without_text:
             notes.append(f"{len(without_text)} documents had no text and were not checked for contamination")

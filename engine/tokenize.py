@@ -1,17 +1,19 @@
 """Tokenize documents with Spark into Megatron MMapIndexedDataset shards.
 
-Output folder (docs/CONTRACTS.md, `tokenized`): `shard-{i:05d}.bin` / `.idx` and
-`doc_index.parquet`. Each document is one Megatron "sequence" ending with EOS, so
-`doc_idx` is simply 0..num_docs.
+Output folder (docs/CONTRACTS.md, `tokenized`): per shard `shard-{i:05d}.bin` / `.idx` and,
+beside them, its document index `shard-{i:05d}.doc_index.parquet` (doc_id, bucket, shard,
+shard_doc, token_offset, num_tokens). Each document is one Megatron "sequence" ending with EOS,
+so `doc_idx` is simply 0..num_docs.
 
 Index file layout (Megatron-LM `_IndexWriter`, little-endian):
     b"MMIDIDX\\x00\\x00" | u64 version=1 | u8 dtype code | u64 num_sequences | u64 len(doc_idx)
     | int32 sizes[num_sequences] | int64 pointers[num_sequences] (byte offsets into .bin)
     | int64 doc_idx[num_docs + 1]
 
-Megatron's dtype table has no uint32, so tokens are uint16 when the vocabulary fits
-(<= 65535 ids) and int32 (code 4, what Megatron itself picks for large vocabularies)
-otherwise; ids below 2**31 have the same bytes in int32 and uint32.
+Megatron's dtype table (megatron/core/datasets/indexed_dataset.py `DType`: codes 1-8, uint8 int8
+int16 int32 int64 float64 float32 uint16) has no uint32, so tokens are uint16 when the vocabulary
+fits (<= 65535 ids) and int32 (code 4, what Megatron's own `DType.optimal_dtype` picks for large
+vocabularies) otherwise; ids below 2**31 have the same bytes in int32 and uint32.
 """
 from __future__ import annotations
 
@@ -30,7 +32,11 @@ DTYPE_CODES = {
     np.dtype(np.int64): 5, np.dtype(np.float64): 6, np.dtype(np.float32): 7, np.dtype(np.uint16): 8,
 }
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+DOC_INDEX_SUFFIX = ".doc_index.parquet"
+# One index per snapshot, as tokenized code version 2 wrote it; still read, so older artifacts
+# (an older mixture traced with `kiln trace --mixed`) keep working.
 DOC_INDEX_FILE = "doc_index.parquet"
+DOC_INDEX_COLUMNS = ("doc_id", "bucket", "shard", "shard_doc", "token_offset", "num_tokens")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -39,6 +45,50 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def shard_prefix(out_dir: str, shard: int) -> str:
     return os.path.join(out_dir, f"shard-{shard:05d}")
+
+
+def doc_index_path(out_dir: str, shard: int) -> str:
+    """The document index beside shard `shard`: `shard-00000.doc_index.parquet`."""
+    return shard_prefix(out_dir, shard) + DOC_INDEX_SUFFIX
+
+
+def num_shards_in(folder: str) -> int:
+    """Shards of a tokenized folder: its `shard-*.idx` files, numbered 0..n-1."""
+    n = sum(1 for name in os.listdir(folder) if name.startswith("shard-") and name.endswith(".idx"))
+    if n and not os.path.exists(shard_prefix(folder, n - 1) + ".idx"):
+        raise ValueError(f"{folder}: shard files are not numbered 0..{n - 1}")
+    return n
+
+
+def doc_index_files(folder: str, shards=None) -> list[str]:
+    """Document index files of a tokenized folder (of `shards` only, if given), in shard order;
+    the one legacy `doc_index.parquet` for folders written before the per-shard layout."""
+    per_shard = range(num_shards_in(folder)) if shards is None else sorted(set(int(s) for s in shards))
+    files = [doc_index_path(folder, s) for s in per_shard]
+    if files and not os.path.exists(files[0]) and os.path.exists(os.path.join(folder, DOC_INDEX_FILE)):
+        return [os.path.join(folder, DOC_INDEX_FILE)]
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+        names = ", ".join(os.path.basename(f) for f in missing)
+        raise FileNotFoundError(f"{folder}: no document index beside its shard: {names}")
+    return files
+
+
+def read_doc_index(folder: str):
+    """All documents of a tokenized folder as one Arrow table (DOC_INDEX_COLUMNS), in shard order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tables = [pq.read_table(path, columns=list(DOC_INDEX_COLUMNS)) for path in doc_index_files(folder)]
+    return pa.concat_tables(tables) if tables else _empty_doc_index()
+
+
+def _empty_doc_index():
+    import pyarrow as pa
+
+    return pa.table({"doc_id": pa.array([], pa.string()), "bucket": pa.array([], pa.string()),
+                     "shard": pa.array([], pa.int32()), "shard_doc": pa.array([], pa.int64()),
+                     "token_offset": pa.array([], pa.int64()), "num_tokens": pa.array([], pa.int64())})
 
 
 # --- Megatron MMapIndexedDataset ---------------------------------------------------------
@@ -328,7 +378,7 @@ def tokenize_documents(spark, docs, model_path: str, out_dir: str, *, num_shards
     passes: the tasks then read the files with pyarrow, a few row groups per task). A document's
     shard is a stable hash of its doc_id and documents are sorted by doc_id inside each shard,
     so the output bytes depend only on the set of documents. The driver holds one small key row
-    per document (it writes `doc_index.parquet`). `model_path` and `out_dir` must be on a
+    per document (it writes the document index beside each shard). `model_path` and `out_dir` must be on a
     filesystem every executor sees, and workers must be able to import `engine` (true when
     Spark is started from the repository root).
     Returns stats: documents and tokens per bucket, totals, dtype, vocab size and shards.
@@ -403,7 +453,10 @@ def tokenize_documents(spark, docs, model_path: str, out_dir: str, *, num_shards
         "token_offset": pa.array(token_offset.astype(np.int64)),
         "num_tokens": pa.array(sizes.astype(np.int64)),
     })
-    pq.write_table(doc_index, os.path.join(out_dir, DOC_INDEX_FILE), compression="zstd")
+    # Beside each shard its own index, sorted by doc_id (row-group statistics serve trace lookups).
+    for s in range(num_shards):
+        pq.write_table(doc_index.slice(int(starts[s]), int(starts[s + 1] - starts[s])), doc_index_path(out_dir, s),
+                       compression="zstd")
 
     buckets: dict[str, dict[str, int]] = {}
     if doc_index.num_rows:

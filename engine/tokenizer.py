@@ -277,6 +277,7 @@ def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: To
     if export_hf:
         sentences_for_check = [s for s in iter_sentences(sample, cfg.max_sentence_chars)][:256]
         meta["hf_export"] = export_hf_tokenizer(model_path, os.path.join(out_dir, HF_DIR), model_type=cfg.model_type,
+                                                byte_fallback=cfg.byte_fallback,
                                                 user_defined_symbols=cfg.user_defined_symbols,
                                                 check_texts=sentences_for_check)
     return meta
@@ -301,15 +302,19 @@ def _bpe_merges(vocab: dict[str, int], skip: set[str]) -> list[tuple[str, str]]:
     return [(left, right) for *_, left, right in merges]
 
 
-def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe",
+def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe", byte_fallback: bool | None = None,
                         user_defined_symbols: Iterable[str] = (), check_texts: Iterable[str] = ()) -> dict:
     """Write `out_dir` as a Hugging Face tokenizer of the SentencePiece model.
 
     Built from the processor's pieces (no protobuf parsing: the sentencepiece_model_pb2 of this
-    environment does not load with the installed protobuf runtime). BPE models become a
-    Llama-style `transformers.LlamaTokenizer(vocab=..., merges=...)`; unigram models a
-    `tokenizers` Unigram model with the pieces' scores and byte fallback, in the same
-    Metaspace/ByteFallback pipeline. Both are saved with `save_pretrained`, plus `tokenizer.model`
+    environment does not load with the installed protobuf runtime). BPE models with byte fallback
+    become a Llama-style `transformers.LlamaTokenizer(vocab=..., merges=...)`; BPE models without
+    it and unigram models (pieces with their scores) a `tokenizers` BPE/Unigram model in the same
+    Metaspace/ByteFallback pipeline. `byte_fallback` is the model's setting (None: read from the
+    model): without it SentencePiece emits one `<unk>` per run of unknown characters, which
+    `tokenizers` does only with byte_fallback=False and fuse_unk (LlamaTokenizer always rebuilds
+    its BPE with byte fallback and no unk token, so it would drop such characters silently).
+    All are saved with `save_pretrained`, plus `tokenizer.model`
     and `special_tokens_map.json`, and set to encode like SentencePiece does here: no prefix space
     (our model has add_dummy_prefix=False, identity normalisation), no BOS or EOS added (documents
     were tokenized without BOS, EOS is appended by the pipeline), and `split_special_tokens` so
@@ -335,11 +340,17 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
         return {"exported": False, "reason": reason}
 
     processor = spm.SentencePieceProcessor(model_file=model_path)
+    if byte_fallback is None:
+        byte_fallback = any(processor.is_byte(i) for i in range(processor.get_piece_size()))
     user_defined = list(user_defined_symbols)
     specials = dict(unk_token=SPECIAL_PIECES[UNK_ID], bos_token=SPECIAL_PIECES[BOS_ID],
                     eos_token=SPECIAL_PIECES[EOS_ID], pad_token=SPECIAL_PIECES[PAD_ID])
-    build = _llama_bpe_tokenizer if model_type == "bpe" else _unigram_tokenizer
-    tokenizer = build(processor, specials, user_defined)
+    if model_type == "bpe" and byte_fallback:
+        tokenizer = _llama_bpe_tokenizer(processor, specials, user_defined)
+    elif model_type == "bpe":
+        tokenizer = _bpe_unk_tokenizer(processor, specials, user_defined)
+    else:
+        tokenizer = _unigram_tokenizer(processor, specials, byte_fallback)
     if user_defined:
         from tokenizers import AddedToken
 
@@ -372,33 +383,55 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
         "tokenizer_class": type(tokenizer).__name__,
         "transformers_version": transformers.__version__,
         "files": sorted(os.listdir(out_dir)),
+        "byte_fallback": byte_fallback,
         "checked_texts": len(texts),
         "mismatches": len(mismatches),
     }
 
 
-def _llama_bpe_tokenizer(processor, specials: dict[str, str], user_defined: list[str]):
-    from transformers import LlamaTokenizer
-
+def _bpe_vocab_and_merges(processor, user_defined: list[str]) -> tuple[dict[str, int], list[tuple[str, str]]]:
     size = processor.get_piece_size()
     vocab = {processor.id_to_piece(i): i for i in range(size)}
     # Control pieces and user-defined symbols are whole pieces, never merged into or out of.
     whole = {processor.id_to_piece(i) for i in range(size) if processor.is_control(i) or processor.is_unknown(i)}
+    return vocab, _bpe_merges(vocab, whole | set(user_defined))
+
+
+def _llama_bpe_tokenizer(processor, specials: dict[str, str], user_defined: list[str]):
+    from transformers import LlamaTokenizer
+
+    vocab, merges = _bpe_vocab_and_merges(processor, user_defined)
     return LlamaTokenizer(
-        vocab=vocab, merges=_bpe_merges(vocab, whole | set(user_defined)), **specials,
+        vocab=vocab, merges=merges, **specials,
         add_prefix_space=False, legacy=False, add_bos_token=False, add_eos_token=False,
         split_special_tokens=True,
     )
 
 
-def _unigram_tokenizer(processor, specials: dict[str, str], user_defined: list[str]):
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+def _backend_tokenizer(model, specials: dict[str, str]):
+    """`model` in the Llama pipeline (Metaspace without prefix, ByteFallback decoder), wrapped."""
+    from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    size = processor.get_piece_size()
-    pieces = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(size)]
-    backend = Tokenizer(models.Unigram(pieces, unk_id=UNK_ID, byte_fallback=True))
+    backend = Tokenizer(model)
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="never", split=False)
     backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials.values()])
     return PreTrainedTokenizerFast(tokenizer_object=backend, **specials, split_special_tokens=True)
+
+
+def _bpe_unk_tokenizer(processor, specials: dict[str, str], user_defined: list[str]):
+    """BPE without byte fallback: a run of unknown characters is one <unk>, as in SentencePiece."""
+    from tokenizers import models
+
+    vocab, merges = _bpe_vocab_and_merges(processor, user_defined)
+    return _backend_tokenizer(models.BPE(vocab, merges, unk_token=SPECIAL_PIECES[UNK_ID], fuse_unk=True,
+                                         byte_fallback=False), specials)
+
+
+def _unigram_tokenizer(processor, specials: dict[str, str], byte_fallback: bool):
+    from tokenizers import models
+
+    size = processor.get_piece_size()
+    pieces = [(processor.id_to_piece(i), processor.get_score(i)) for i in range(size)]
+    return _backend_tokenizer(models.Unigram(pieces, unk_id=UNK_ID, byte_fallback=byte_fallback), specials)

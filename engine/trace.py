@@ -2,8 +2,9 @@
 
 A row of `mixed_shards` is a list of spans (`train_spans.parquet`, `val_spans.parquet`). Each
 span's doc_id leads to its snapshot's `documents` (URL, WARC file and record), `quality_signals`
-(every signal value), `filtered` (kept with the rules it passed, or the rule, value and threshold
-that removed it), `deduplicated` (its duplicate cluster) and `tokenized` (shard and offset).
+(every signal value), `filtered` (kept with the rules it passed, or the rule, value, threshold
+and detail that removed it), `deduplicated` (its duplicate cluster) and `tokenized` (shard and offset, from
+the document index beside the one shard its doc_id hashes to).
 
 Every lookup reads Parquet through `pyarrow.dataset` with a predicate on the id column: the
 stages write their files sorted by doc_id, so row-group statistics skip what cannot hold an id,
@@ -59,19 +60,36 @@ def id_filter(column: str, ids):
     return pc.field(column).isin(ids)
 
 
-def read_rows(path: str | None, ids, *, column: str = "doc_id", columns: list[str] | None = None) -> list[dict]:
-    """Rows of the Parquet file or folder `path` whose `column` is in `ids` (no `minhash`)."""
+def read_rows(path: str | list[str] | None, ids, *, column: str = "doc_id",
+              columns: list[str] | None = None) -> list[dict]:
+    """Rows of the Parquet file or folder `path` (or list of files) whose `column` is in `ids`
+    (no `minhash`; `c4_lines`, C4's per-line bytes, only when named in `columns`)."""
     import pyarrow.dataset as ds
 
     ids = set(ids)
-    if not ids or not path or not os.path.exists(path):
+    if isinstance(path, list):
+        path = [p for p in path if os.path.exists(p)] or None
+    if not ids or not path or (isinstance(path, str) and not os.path.exists(path)):
         return []
     dataset = ds.dataset(path, format="parquet")
     names = dataset.schema.names
-    wanted = [c for c in (columns or names) if c in names and c != "minhash"]
+    wanted = [c for c in (columns or names) if c in names and c != "minhash" and (columns or c != "c4_lines")]
     if column not in names:
         return []
     return dataset.to_table(columns=wanted, filter=id_filter(column, ids)).to_pylist()
+
+
+def token_index_files(folder: str | None, doc_ids) -> list[str] | None:
+    """The document index files of a tokenized folder that can hold `doc_ids`: the one beside
+    each shard the ids hash to (the contract's blake2b(doc_id) % num_shards)."""
+    from engine.tokenize import doc_index_files, num_shards_in, shard_of
+
+    if not folder or not os.path.isdir(folder):
+        return None
+    num_shards = num_shards_in(folder)
+    if not num_shards:
+        return None
+    return doc_index_files(folder, shard_of(sorted(set(doc_ids)), num_shards).tolist())
 
 
 def _clean(value):
@@ -82,20 +100,25 @@ def _clean(value):
 
 # --- decisions ---------------------------------------------------------------------------------
 
-def passed_rules(filter_config: dict | None, signals: dict | None) -> list[dict] | None:
+def passed_rules(filter_config: dict | None, signals: dict | None, c4_lines: bytes | None = None) -> list[dict] | None:
     """Each filter rule that applied to a document, with its value, the condition a kept document
     meets and the threshold; None when the stored config no longer parses (another code version).
+    Given the document's `c4_lines`, C4's page signals are the ones `filtered` compared: those of
+    the lines left after the config's line removal.
     """
     if filter_config is None or signals is None:
         return None
     try:
-        from engine.filters import FilterConfig, rules
+        from engine.filters import FilterConfig, c4_line_outcome, rules
 
         cfg = FilterConfig(**filter_config)
         active = rules(cfg)
     except Exception:  # noqa: BLE001 - an old or foreign config only costs the detail
         return None
     language = signals.get("language")
+    if c4_lines is not None:
+        page = c4_line_outcome([c4_lines], [language], cfg).page
+        signals = {**signals, **{name: int(values[0]) for name, values in page.items()}}
     out = []
     for rule in active:
         if rule.name == "language_not_allowed":
@@ -117,13 +140,16 @@ def passed_rules(filter_config: dict | None, signals: dict | None) -> list[dict]
 
 
 def _filter_decision(doc_id: str, rejected: dict, kept: set, signals: dict | None, filter_config: dict | None,
-                     has_filtered: bool) -> dict:
+                     has_filtered: bool, c4_lines: bytes | None = None) -> dict:
     if doc_id in rejected:
         row = rejected[doc_id]
-        return {"decision": "rejected", "rule": row["rule"], "value": _clean(row["value"]),
-                "threshold": _clean(row["threshold"])}
+        decision = {"decision": "rejected", "rule": row["rule"], "value": _clean(row["value"]),
+                    "threshold": _clean(row["threshold"])}
+        if row.get("detail"):  # rejection tables written before `detail` existed have none
+            decision["detail"] = row["detail"]
+        return decision
     if doc_id in kept:
-        return {"decision": "kept", "passed": passed_rules(filter_config, signals)}
+        return {"decision": "kept", "passed": passed_rules(filter_config, signals, c4_lines)}
     return {"decision": "unknown" if not has_filtered else "missing"}
 
 
@@ -168,7 +194,8 @@ def lookup_documents(lineage: Lineage, doc_ids, *, include_text: bool = False) -
         doc_rows = read_rows(join("documents", "data"), remaining, columns=["doc_id", *DOCUMENT_FIELDS])
         # Without a documents artifact, the tokenized index still places the document here.
         located = {r["doc_id"] for r in doc_rows} or {
-            r["doc_id"] for r in read_rows(join("tokenized", "doc_index.parquet"), remaining, columns=["doc_id"])}
+            r["doc_id"] for r in read_rows(token_index_files(f.get("tokenized"), remaining), remaining,
+                                           columns=["doc_id"])}
         if not located:
             continue
         remaining -= located
@@ -177,17 +204,20 @@ def lookup_documents(lineage: Lineage, doc_ids, *, include_text: bool = False) -
                    for r in read_rows(join("quality_signals", "data"), located)}
         rejected = {r["doc_id"]: r for r in read_rows(join("filtered", "rejected"), located)}
         filter_kept = {r["doc_id"] for r in read_rows(join("filtered", "kept"), located, columns=["doc_id"])}
+        # C4's per-line facts of the kept documents: the page signals `filtered` compared.
+        c4_lines = {r["doc_id"]: r["c4_lines"] for r in read_rows(
+            join("quality_signals", "data"), filter_kept, columns=["doc_id", "c4_lines"]) if "c4_lines" in r}
         removed = {r["doc_id"]: r for r in read_rows(join("deduplicated", "duplicates"), located)}
         representative_of: dict[str, list[dict]] = {}
         for row in read_rows(join("deduplicated", "duplicates"), located, column="kept_doc_id"):
             representative_of.setdefault(row["kept_doc_id"], []).append(row)
         dedup_kept = {r["doc_id"]: r.get("text") for r in read_rows(
             join("deduplicated", "kept"), located, columns=["doc_id", "text"] if include_text else ["doc_id"])}
-        token_index = {r["doc_id"]: r for r in read_rows(join("tokenized", "doc_index.parquet"), located)}
+        token_index = {r["doc_id"]: r for r in read_rows(token_index_files(f.get("tokenized"), located), located)}
         for doc_id in sorted(located):
             doc = documents.get(doc_id, {})
             decision = _filter_decision(doc_id, rejected, filter_kept, signals.get(doc_id), snap.filter_config,
-                                        "filtered" in f)
+                                        "filtered" in f, c4_lines.get(doc_id))
             record = {
                 "doc_id": doc_id,
                 "partition": snap.snapshot,
@@ -309,6 +339,8 @@ def _document_lines(doc: dict | None) -> list[str]:
     if decision["decision"] == "rejected":
         lines.append(f"  filters    REJECTED by {decision['rule']}: value {_fmt(decision['value'])}, "
                      f"threshold {_fmt(decision['threshold'])}")
+        if decision.get("detail"):
+            lines.append(f"             why: {decision['detail']}")
     elif decision["decision"] == "kept":
         passed = decision.get("passed")
         if passed is None:

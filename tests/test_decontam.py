@@ -106,3 +106,64 @@ def test_disabled_without_eval_sets():
 def test_config_rejects_invalid_values(bad):
     with pytest.raises(ValidationError):
         DecontamConfig(**bad)
+
+
+# --- eval-set paths in the pipeline config -------------------------------------------------------
+
+def _pipeline_with_eval_set(path: str) -> dict:
+    import yaml
+
+    from workflows.config import DEFAULT_CONFIG_PATH
+
+    data = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    data["mix"]["decontam"]["eval_sets"] = [{"name": "gsm8k", "path": path, "fields": GSM8K_FIELDS}]
+    return data
+
+
+def test_relative_eval_set_path_is_relative_to_the_repo_root_not_the_cwd(eval_sets, gsm8k_items, tmp_path, monkeypatch):
+    import os
+
+    from engine.decontam import eval_set_path
+    from workflows.config import REPO_ROOT, parse_config
+
+    relative = os.path.relpath(eval_sets[0].path, REPO_ROOT)  # ../shared/data/... in this checkout
+    monkeypatch.chdir(tmp_path)
+    config = parse_config(_pipeline_with_eval_set(relative))
+    eval_set = config.mix.decontam.eval_sets[0]
+    assert eval_set.path == relative  # the config stays as written (it is hashed into code_version)
+    assert os.path.samefile(eval_set_path(eval_set, REPO_ROOT), eval_sets[0].path)
+    docs = [("planted", FILLER + gsm8k_items[3]["question"])]
+    assert decontaminate(docs, config.mix.decontam, base_dir=REPO_ROOT)[0] == {"planted"}
+    with pytest.raises(FileNotFoundError):  # what the old cwd-relative open did
+        decontaminate(docs, config.mix.decontam)
+
+
+def test_missing_eval_set_fails_at_config_load_naming_the_field():
+    from workflows.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match=r"mix\.decontam\.eval_sets\.0\.path: 'no/such/gsm8k\.jsonl' does not exist"):
+        parse_config(_pipeline_with_eval_set("no/such/gsm8k.jsonl"), "pipeline.yaml")
+
+
+def test_editing_an_eval_file_changes_only_mixed_shards_code_version(eval_sets, tmp_path):
+    import os
+    import shutil
+
+    from workflows.config import STAGE_SECTIONS, code_version, parse_config
+
+    eval_file = tmp_path / "gsm8k.jsonl"
+    shutil.copyfile(eval_sets[0].path, eval_file)
+    config = parse_config(_pipeline_with_eval_set(str(eval_file)))
+    before = {stage: code_version(config, stage) for stage in STAGE_SECTIONS}
+    os.utime(eval_file, ns=(1, 1))  # a new mtime with the same bytes is not a change
+    assert {stage: code_version(config, stage) for stage in STAGE_SECTIONS} == before
+    with open(eval_file, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"question": "How many ducks does Janet keep if she sells none?", "answer": "16"}) + "\n")
+    after = {stage: code_version(config, stage) for stage in STAGE_SECTIONS}
+    assert {stage for stage in STAGE_SECTIONS if before[stage] != after[stage]} == {"mixed_shards"}
+    # Same size, new bytes: the hash cache is keyed by (path, mtime, size), and an edit moves the
+    # mtime (set explicitly: two writes can share a clock tick).
+    text = eval_file.read_text(encoding="utf-8")
+    eval_file.write_text(text.replace("Janet", "Jonas"), encoding="utf-8")
+    os.utime(eval_file, ns=(2, 2))
+    assert code_version(config, "mixed_shards") not in (before["mixed_shards"], after["mixed_shards"])

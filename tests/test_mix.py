@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from engine.decontam import GSM8K_FIELDS, DecontamConfig, EvalSetConfig
 from engine.mix import MixConfig, build_mixture, load_rows, trace_sequence, validation_doc_ids
-from engine.tokenize import read_indexed_dataset, tokenize_documents
+from engine.tokenize import read_doc_index, read_indexed_dataset, tokenize_documents
 from engine.tokenizer import EOS_ID, TokenizerConfig, train_tokenizer
 
 DOC_SCHEMA = "doc_id string, bucket string, text string"
@@ -80,7 +80,7 @@ def doc_lookup(env):
     docs = {}
     for folder in env["dirs"]:
         shards = {}
-        for doc in pq.read_table(f"{folder}/doc_index.parquet").to_pylist():
+        for doc in read_doc_index(folder).to_pylist():
             shard = shards.setdefault(doc["shard"], read_indexed_dataset(f"{folder}/shard-{doc['shard']:05d}.bin"))
             docs[doc["doc_id"]] = (doc["bucket"], np.asarray(shard[doc["shard_doc"]]))
     return docs
@@ -216,9 +216,10 @@ def test_small_bucket_is_repeated_and_counted_as_epochs(env, tmp_path):
     assert starts.max() >= 2  # whole documents appear once per epoch
 
 
-def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path):
-    gsm8k = EvalSetConfig(name="gsm8k", fields=GSM8K_FIELDS,
-                          path=str(shared_data / "decontam" / "gsm8k_test" / "grade_school_math_data_test.jsonl"))
+def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path, monkeypatch):
+    # A relative path, as in pipeline.yaml, resolved against the given base and not the cwd.
+    gsm8k = EvalSetConfig(name="gsm8k", fields=GSM8K_FIELDS, path="gsm8k_test/grade_school_math_data_test.jsonl")
+    monkeypatch.chdir(tmp_path)
     ids, texts = list(env["doc_texts"]), list(env["doc_texts"].values())
     half = len(ids) // 2  # texts spread over two Parquet files, as with several deduplicated snapshots
     pq.write_table(pa.table({"doc_id": ids[:half], "text": texts[:half]}), tmp_path / "texts-a.parquet")
@@ -228,9 +229,10 @@ def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny buckets are repeated and have no validation here
         removed = mix(env, tmp_path / "remove", MixConfig(**base, decontam=DecontamConfig(eval_sets=[gsm8k])),
-                      doc_texts=[str(tmp_path / "texts-a.parquet"), str(tmp_path / "texts-b.parquet")])
+                      doc_texts=[str(tmp_path / "texts-a.parquet"), str(tmp_path / "texts-b.parquet")],
+                      eval_sets_base_dir=shared_data / "decontam")
         flagged = mix(env, tmp_path / "flag", MixConfig(**base, decontam=DecontamConfig(eval_sets=[gsm8k], mode="flag")),
-                      doc_texts=env["doc_texts"])
+                      doc_texts=env["doc_texts"], eval_sets_base_dir=shared_data / "decontam")
     report = removed["decontam"]
     assert report["contaminated_doc_ids"] == [PLANTED_DOC] and report["documents_removed"] == 1
     assert report["eval_sets"]["gsm8k"]["examples"][0]["item"] == "7"
@@ -239,6 +241,25 @@ def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path):
     flagged_ids = set(pq.read_table(tmp_path / "flag" / "train_spans.parquet").column("doc_id").to_pylist())
     assert PLANTED_DOC not in removed_ids and PLANTED_DOC in flagged_ids
     assert flagged["decontam"]["documents_contaminated"] == 1 and flagged["decontam"]["documents_removed"] == 0
+    assert report["eval_sets"]["gsm8k"]["documents_removed"] == 1 and report["eval_sets"]["gsm8k"]["documents_flagged"] == 0
+    assert flagged["decontam"]["eval_sets"]["gsm8k"]["documents_flagged"] == 1
+
+    # The Dagster metadata of mixed_shards, built from the stage's manifest.
+    from assets.mixed_shards import decontam_metadata
+
+    question = json.loads((shared_data / "decontam" / "gsm8k_test" / "grade_school_math_data_test.jsonl")
+                          .read_text(encoding="utf-8").splitlines()[7])["question"]
+    shown = decontam_metadata(json.loads((tmp_path / "remove" / "manifest.json").read_text()))
+    table = shown["decontamination"].value
+    assert "mode `remove`, 13-grams: 1 of " in table
+    assert ("| eval_set | items | items_too_short | items_matched | documents_matched | documents_removed | "
+            "documents_flagged |") in table
+    assert "| gsm8k | 1319 | 0 | 1 | 1 | 1 | 0 |" in table
+    examples = shown["decontamination_examples"].value
+    assert f"| gsm8k | 7 | {PLANTED_DOC} |" in examples and " ".join(question.split()[:8]) in examples
+    flagged_table = decontam_metadata(flagged)["decontamination"].value
+    assert "mode `flag`" in flagged_table and "| gsm8k | 1319 | 0 | 1 | 1 | 0 | 1 |" in flagged_table
+    assert "off" in decontam_metadata({"decontam": {"enabled": False}})["decontamination"].value
 
 
 def test_decontam_without_texts_is_an_error(env, shared_data, tmp_path):

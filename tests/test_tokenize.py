@@ -7,7 +7,8 @@ import pytest
 import sentencepiece as spm
 
 from engine.tokenize import (
-    INDEX_HEADER, read_indexed_dataset, token_dtype, tokenize_documents, write_indexed_dataset,
+    DOC_INDEX_FILE, INDEX_HEADER, doc_index_files, doc_index_path, read_doc_index, read_indexed_dataset, shard_of,
+    token_dtype, tokenize_documents, write_indexed_dataset,
 )
 from engine.tokenizer import EOS_ID, TokenizerConfig, train_tokenizer
 
@@ -86,7 +87,7 @@ def test_every_document_round_trips_and_ends_with_eos(tokenized, rows, model_pat
     out, stats = tokenized
     sp = spm.SentencePieceProcessor(model_file=model_path)
     texts = {doc_id: text for doc_id, _, text in rows}
-    index = pq.read_table(out / "doc_index.parquet")
+    index = read_doc_index(str(out))
     assert index.column_names == ["doc_id", "bucket", "shard", "shard_doc", "token_offset", "num_tokens"]
     assert index.num_rows == len(rows) == stats["documents"]
     shards = {s: read_indexed_dataset(str(out / f"shard-{s:05d}.bin")) for s in range(3)}
@@ -100,9 +101,39 @@ def test_every_document_round_trips_and_ends_with_eos(tokenized, rows, model_pat
         assert sp.decode(tokens[:-1].tolist()) == texts[doc["doc_id"]]
 
 
+def test_a_document_index_sits_beside_each_shard(tokenized):
+    out, _ = tokenized
+    assert doc_index_files(str(out)) == [str(out / f"shard-{s:05d}.doc_index.parquet") for s in range(3)]
+    assert not (out / DOC_INDEX_FILE).exists()
+    for s in range(3):
+        index = pq.read_table(doc_index_path(str(out), s)).to_pylist()
+        shard = read_indexed_dataset(str(out / f"shard-{s:05d}.bin"))
+        assert index and len(index) == len(shard)  # every document of this shard, nothing else
+        assert [d["shard"] for d in index] == [s] * len(index) and [d["shard_doc"] for d in index] == list(range(len(index)))
+        assert shard_of([d["doc_id"] for d in index], 3).tolist() == [s] * len(index)
+        assert [d["token_offset"] for d in index] == shard.token_offsets().tolist()
+        assert [d["num_tokens"] for d in index] == shard.sizes.tolist()
+
+
+def test_legacy_single_doc_index_is_still_read(tokenized, tmp_path):
+    """Folders written before the per-shard layout (tokenized v2) had one doc_index.parquet."""
+    import shutil
+
+    out, _ = tokenized
+    for path in out.iterdir():
+        if not path.name.endswith(".doc_index.parquet"):
+            shutil.copy(path, tmp_path / path.name)
+    pq.write_table(read_doc_index(str(out)), tmp_path / DOC_INDEX_FILE)
+    assert doc_index_files(str(tmp_path)) == [str(tmp_path / DOC_INDEX_FILE)]
+    assert read_doc_index(str(tmp_path)).equals(read_doc_index(str(out)))
+    (tmp_path / DOC_INDEX_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match="shard-00000.doc_index.parquet"):
+        doc_index_files(str(tmp_path))
+
+
 def test_shards_sorted_by_doc_id_and_stats_per_bucket(tokenized, rows):
     out, stats = tokenized
-    index = pq.read_table(out / "doc_index.parquet").to_pandas()
+    index = read_doc_index(str(out)).to_pandas()
     for _, shard in index.groupby("shard"):
         assert shard.sort_values("shard_doc")["doc_id"].is_monotonic_increasing
     assert stats["shards"] == 3 and stats["dtype"] == "uint16" and stats["vocab_size"] == 1024
@@ -131,7 +162,9 @@ def test_empty_parquet_folder_gives_empty_shards(spark, model_path, tmp_path):
     stats = tokenize_documents(spark, str(tmp_path / "docs"), model_path, str(tmp_path / "out"), num_shards=2, eos_id=EOS_ID)
     assert stats["documents"] == 0 and stats["tokens"] == 0
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "doc_index.parquet", "shard-00000.bin", "shard-00000.idx", "shard-00001.bin", "shard-00001.idx"]
+        "shard-00000.bin", "shard-00000.doc_index.parquet", "shard-00000.idx",
+        "shard-00001.bin", "shard-00001.doc_index.parquet", "shard-00001.idx"]
+    assert read_doc_index(str(tmp_path / "out")).num_rows == 0
 
 
 def test_refuses_a_folder_with_shards(spark, tokenized, model_path):

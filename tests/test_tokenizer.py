@@ -116,6 +116,33 @@ def test_seed_changes_the_sample():
     assert sum(map(len, a["web"])) == 5_000 and a != b
 
 
+def test_asset_pre_selection_is_seeded_and_bucket_balanced(spark):
+    """The tokenizer asset's Spark pre-selection (what train_tokenizer gets to sample from)."""
+    from assets.tokenizer import select_sample
+
+    sizes = {"web": 400, "reference": 60, "tiny": 4}
+    rows = [(hashlib.sha1(f"{b}{i}".encode()).hexdigest()[:20], b, f"{b} document {i}. " * 25, "en")
+            for b, n in sizes.items() for i in range(n)]
+    docs = spark.createDataFrame(rows, "doc_id string, bucket string, text string, language string")
+    budget = 12_000  # about 24 documents of each big bucket
+    doc_chars = max(len(r[2]) for r in rows)
+
+    def select(seed, frame=docs):
+        texts, languages = select_sample(frame, sorted(sizes), TokenizerConfig(sample_chars_per_bucket=budget, seed=seed))
+        assert {b: len(t) for b, t in texts.items()} == {b: len(v) for b, v in languages.items()}
+        return texts
+
+    first = select(0)
+    assert select(0, docs.repartition(5)) == first  # same seed: same sample, whatever the partitioning
+    for bucket in ("web", "reference"):  # each big bucket gives the same budget, just past it
+        assert budget <= sum(map(len, first[bucket])) < budget + doc_chars
+    assert sorted(first["tiny"]) == sorted(r[2] for r in rows if r[1] == "tiny")  # a small bucket gives all
+    other = select(1)
+    assert all(set(other[b]) != set(first[b]) for b in ("web", "reference"))
+    # A reshuffle, not a shift: from 400 documents two seeds' samples of ~24 barely overlap.
+    assert len(set(other["web"]) & set(first["web"])) < len(first["web"]) / 4
+
+
 @pytest.mark.parametrize("bad", [
     dict(model_type="wordpiece"),
     dict(vocab_size=200),
@@ -230,6 +257,32 @@ def test_hf_export_is_deterministic(corpus, trained, tmp_path):
     train_tokenizer(corpus, str(tmp_path), TokenizerConfig(**SMALL, user_defined_symbols=["<|endoftext|>"]))
     for path in sorted((out / HF_DIR).iterdir()):
         assert (tmp_path / HF_DIR / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+@pytest.mark.parametrize("byte_fallback", [True, False])
+def test_hf_export_honours_byte_fallback_on_multilingual_text(corpus, shared_data, tmp_path, model_type, byte_fallback):
+    pytest.importorskip("transformers")
+    from transformers import AutoTokenizer
+
+    # Mostly English with a little German and Russian; the check texts add scripts the sample
+    # lacks, so without byte fallback SentencePiece has to emit <unk> and the export must agree.
+    train = {"web": corpus["austen"] + lingua_docs(shared_data, "de")[:10] + lingua_docs(shared_data, "ru")[:5]}
+    cfg = TokenizerConfig(model_type=model_type, vocab_size=800, byte_fallback=byte_fallback, character_coverage=0.995,
+                          sample_chars_per_bucket=200_000, user_defined_symbols=["<|endoftext|>"])
+    meta = train_tokenizer(train, str(tmp_path), cfg)
+    assert meta["hf_export"]["exported"] and meta["hf_export"]["mismatches"] == 0
+    assert meta["hf_export"]["byte_fallback"] is byte_fallback
+    model = json.loads((tmp_path / HF_DIR / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    assert model["byte_fallback"] is byte_fallback
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / HF_DIR))
+    texts = [doc for language in ("de", "ru", "fr", "el", "ja", "zh", "ko", "ar") for doc in lingua_docs(shared_data, language)[:6]]
+    texts += ["end<|endoftext|>start", "mixed 日本語 and ελληνικά text"]
+    expected = sp.encode(texts)
+    assert hf(texts)["input_ids"] == expected
+    unknown = sum(ids.count(UNK_ID) for ids in expected)
+    assert unknown == 0 if byte_fallback else unknown > 0  # both paths of the export are exercised
 
 
 def test_unigram_hf_export_encodes_like_sentencepiece(corpus, tmp_path):

@@ -23,9 +23,9 @@ import yaml
 
 from engine.filters import FilterConfig
 from engine.mix import MixConfig, build_mixture, load_rows
-from engine.tokenize import DOC_INDEX_FILE, read_indexed_dataset, write_indexed_dataset
+from engine.tokenize import doc_index_path, read_indexed_dataset, shard_of, write_indexed_dataset
 from engine.tokenizer import EOS_ID, TokenizerConfig, train_tokenizer
-from engine.trace import id_filter, read_rows
+from engine.trace import id_filter, read_rows, token_index_files
 from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT
 from workflows.storage import LocalStorage, StorageError
 from workflows.trace import artifact_at, resolve_lineage, run, trace
@@ -115,7 +115,7 @@ def store(shared_data, tmp_path_factory):
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         pq.write_table(pa.table({"doc_id": ids[:8], "bucket": ["web"] * 8, "shard": pa.array([0] * 8, pa.int32()),
                                  "shard_doc": pa.array(range(8), pa.int64()), "token_offset": offsets.astype(np.int64),
-                                 "num_tokens": sizes.astype(np.int64)}), out / DOC_INDEX_FILE)
+                                 "num_tokens": sizes.astype(np.int64)}), doc_index_path(str(out), 0))
 
     tokenized = _publish(storage, "tokenized", SNAPSHOT, build_tokenized,
                          {"deduplicated": dedup.data_version, "tokenizer": tok.data_version}, {})
@@ -136,6 +136,26 @@ def test_read_rows_filters_by_id_with_both_predicate_forms(store):
     assert [r["doc_id"] for r in read_rows(str(folder), many, columns=["doc_id"])] == ["doc05"]
     assert "is_in" in str(id_filter("doc_id", many)) and "==" in str(id_filter("doc_id", ["a", "b"]))
     assert read_rows(str(folder), []) == [] and read_rows(None, ["doc01"]) == []
+
+
+def test_token_index_lookup_reads_only_the_index_beside_the_hashed_shard(tmp_path):
+    ids = [f"id{i:03d}" for i in range(40)]
+    shards = shard_of(ids, 3)
+    for s in range(3):
+        mine = [d for d, sh in zip(ids, shards) if sh == s]
+        sizes = write_indexed_dataset(str(tmp_path / f"shard-{s:05d}"), [np.array([7, EOS_ID], np.uint16)] * len(mine),
+                                      np.uint16)
+        pq.write_table(pa.table({"doc_id": mine, "bucket": ["web"] * len(mine), "shard": pa.array([s] * len(mine), pa.int32()),
+                                 "shard_doc": pa.array(range(len(mine)), pa.int64()),
+                                 "token_offset": pa.array(np.arange(len(mine)) * 2, pa.int64()),
+                                 "num_tokens": sizes.astype(np.int64)}), doc_index_path(str(tmp_path), s))
+    doc_id = ids[5]
+    wanted = doc_index_path(str(tmp_path), int(shards[5]))
+    assert token_index_files(str(tmp_path), [doc_id]) == [wanted]
+    for s in set(range(3)) - {int(shards[5])}:  # the other indexes are not even opened
+        (tmp_path / f"shard-{s:05d}.doc_index.parquet").write_bytes(b"not parquet")
+    [row] = read_rows(token_index_files(str(tmp_path), [doc_id]), [doc_id])
+    assert row["shard"] == shards[5] and row["num_tokens"] == 2
 
 
 def test_every_span_traces_to_its_document(store):
@@ -303,9 +323,19 @@ def test_random_sequences_of_a_real_run_trace_to_their_documents(pipeline):
         assert sum((s["tokens"] for s in result["spans"]), []) == rows[seq_index].tolist()
         for span in result["spans"]:
             doc_id = span["doc_id"]
-            decoded = b"".join(pieces[t] for t in span["tokens"])
-            assert decoded and decoded in stored_text[doc_id].encode("utf-8")
             doc = span["document"]
+            # Every document ends with EOS, which decodes to nothing: a span reaching the end of its
+            # document ends with it, and a span can be that EOS alone (the rest of the document
+            # fell into the previous window).
+            ends_document = span["doc_token_start"] + span["length"] == doc["tokenized"]["num_tokens"]
+            text_tokens = span["tokens"][:-1] if ends_document else span["tokens"]
+            assert EOS_ID not in text_tokens and (not ends_document or span["tokens"][-1] == EOS_ID)
+            if text_tokens:
+                decoded = b"".join(pieces[t] for t in text_tokens)
+                assert decoded and decoded in stored_text[doc_id].encode("utf-8")
+            else:
+                assert span["tokens"] == [EOS_ID] and span["doc_token_start"] == doc["tokenized"]["num_tokens"] - 1
+                assert span["span_text"] == ""
             assert {k: doc[k] for k in ("url", "warc_file", "warc_record_id", "bucket", "snapshot")} == {
                 k: documents[doc_id][k] for k in ("url", "warc_file", "warc_record_id", "bucket", "snapshot")}
             assert doc["signals"]["language"] == signals[doc_id]["language"]
