@@ -71,7 +71,7 @@ def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mat
         report = build_report(metrics, comparison=comparison, previous_version=previous and previous.data_version,
                               loss_history=loss_history, loss_source=loss_source, header=[
             f"Checkpoint `{ckpt.data_version}` ({training['steps']} steps, {training['tokens']:,} tokens, loss "
-            f"{training['first_loss']:.4f} → {training['final_loss']:.4f}), mixed_shards `{mixed.data_version}`, "
+            f"{_loss(training.get('first_loss'))} → {_loss(training.get('final_loss'))}), mixed_shards `{mixed.data_version}`, "
             f"tokenizer `{tok.data_version}`. Training run: MLflow `{training.get('mlflow_run_id')}`."])
         numbers = report_numbers(metrics)
         eval_run_id = log_eval_run(
@@ -93,6 +93,11 @@ def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mat
                   **{k.replace("/", "_"): v for k, v in numbers.items()}},
         started=started, version_files=RESULT_FILES, check_results=_check_results(metrics, manifest),
     )
+
+
+def _loss(value: float | None) -> str:
+    """A loss for the report header; None when every logged step was skipped (or none was logged)."""
+    return "n/a" if value is None else f"{value:.4f}"
 
 
 def _check_results(metrics: dict, manifest: dict) -> list[dg.AssetCheckResult]:
@@ -143,6 +148,7 @@ def _previous_report(kiln: KilnResource, data_version: str) -> Artifact | None:
     done = kiln.storage.complete_versions("eval_report", None)
     for version in sorted((v for v in done if v != data_version), key=lambda v: (done[v], v), reverse=True):
         other = kiln.storage.artifact("eval_report", None, version)
-        if (other.path / "metrics.json").exists():
+        # A report that failed a blocking check is no baseline to compare against.
+        if (other.path / "metrics.json").exists() and not other.manifest().get("failed_blocking_checks"):
             return other
     return None

@@ -412,7 +412,9 @@ def _sections(metrics: dict, comparison: list[dict] | None, previous_version: st
     if lm_eval["status"] == "ok":
         sections.append({
             "title": "lm-evaluation-harness",
-            "notes": [f"lm_eval {lm_eval['version']} on the HF export, local task files, offline."],
+            "notes": [f"lm_eval {lm_eval['version']}, its `{lm_eval.get('model', 'hf')}` model on the HF export"
+                      + "".join(f", {k}={v}" for k, v in sorted(lm_eval.get("model_args", {}).items()))
+                      + "; local task files, offline."],
             "table": (["task", "metric", "value", "higher is better", "documents"],
                       [[task, name, value, lm_eval["higher_is_better"].get(task, {}).get(name),
                         lm_eval["samples"].get(task)]
@@ -527,7 +529,10 @@ def training_loss_history(tracking_uri: str, run_id: str | None, metrics_jsonl: 
             history = mlflow.MlflowClient(tracking_uri).get_metric_history(run_id, "loss")
         except mlflow.exceptions.MlflowException:
             history = []
-        points = sorted({m.step: m.value for m in history if math.isfinite(m.value)}.items())
+        # A resumed run logs the steps after its checkpoint again: the newest value of a step wins
+        # (ties keep MLflow's order). A step whose newest value is not finite was skipped: dropped.
+        latest = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+        points = sorted((step, value) for step, value in latest.items() if math.isfinite(value))
         if points:
             return points, f"MLflow run {run_id}"
     if metrics_jsonl and Path(metrics_jsonl).exists():

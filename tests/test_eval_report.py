@@ -21,6 +21,7 @@ import pytest
 import torch
 import yaml
 
+from conftest import skip_or_fail
 from engine.decontam import DecontamConfig, EvalSetConfig
 from engine.mix import MixConfig, build_mixture
 from engine.report import (
@@ -31,7 +32,7 @@ from engine.tokenize import DOC_INDEX_FILE, shard_prefix, token_dtype, write_ind
 from engine.tokenizer import BOS_ID, EOS_ID, TokenizerConfig, train_tokenizer
 from training.data import TrainBatches
 from training.evaluate import (
-    build_cloze_items, evaluate_checkpoint, generate_samples, lm_eval_version, load_hf_export, run_lm_eval,
+    build_cloze_items, evaluate_checkpoint, generate_samples, lm_eval_unavailable, load_hf_export, run_lm_eval,
     score_cloze,
 )
 from training.export import load_exported, save_export
@@ -231,6 +232,14 @@ def test_samples_are_greedy_and_seeded(run):
     assert first[0]["greedy"].startswith(" garage")
 
 
+def test_export_tokenizer_loads_with_autotokenizer_and_encodes_like_sentencepiece(run, documents):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(run["export"])
+    texts = [text for _, _, text in documents[:40]] + [PLANTED, "Ünïcödé 42 — ok?", "</s> stays text"]
+    assert all(hf.encode(text) == run["sp"].encode(text) for text in texts)
+
+
 def test_evaluating_the_same_checkpoint_twice_gives_identical_numbers(run, documents, metrics):
     again = evaluate_run(run, documents)
     again["contamination"] = contamination_audit(run["manifest"]["decontam"], 0.5)
@@ -340,9 +349,11 @@ def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium not installed (Debian: apt-get install chromium)")
 def test_report_html_renders_its_plots_in_headless_chromium(run, metrics, tmp_path):
     from PIL import Image
+
+    if _chromium() is None:
+        skip_or_fail("browser", "headless Chromium not installed (Debian: apt-get install chromium)")
 
     page = tmp_path / "report.html"
     page.write_text(_report(run, metrics).html)
@@ -372,16 +383,18 @@ def test_lm_eval_step_skips_with_a_clear_reason_without_lm_eval(run, monkeypatch
     import training.evaluate as evaluate
 
     monkeypatch.setattr(evaluate, "lm_eval_version", lambda: None)
-    model, sp = load_hf_export(run["export"])
-    result = evaluate.run_lm_eval(model, sp, LM_EVAL_TASKS, ["kiln_tiny"])
+    result = evaluate.run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"])
     assert result["status"] == "skipped" and "[eval]" in result["reason"]
 
 
 def test_lm_eval_runs_the_tiny_local_tasks_offline_and_folds_into_the_report(run, metrics):
-    if lm_eval_version() is None:
-        pytest.skip("lm_eval is not importable (optional extra: pip install -e '.[eval]')")
-    model, sp = load_hf_export(run["export"])
-    result = run_lm_eval(model, sp, LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0)
+    """lm_eval's own `hf` model on the export folder, as a user would run it (model=hf,
+    pretrained=<export>); its tokenizer is the export's Hugging Face tokenizer."""
+    reason = lm_eval_unavailable()
+    if reason is not None:
+        skip_or_fail("lm_eval", reason)
+    result = run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0)
+    assert result["model"] == "hf" and result["model_args"]["prefix_token_id"] == EOS_ID
     assert os.environ["HF_DATASETS_OFFLINE"] == "1" and os.environ["HF_HUB_OFFLINE"] == "1"
     assert result["status"] == "ok"
     assert set(result["tasks"]) == {"kiln_tiny_choice", "kiln_tiny_lastword", "kiln_tiny_ppl"}
@@ -389,10 +402,34 @@ def test_lm_eval_runs_the_tiny_local_tasks_offline_and_folds_into_the_report(run
     assert 0 <= result["tasks"]["kiln_tiny_choice"]["acc"] <= 1
     assert result["higher_is_better"]["kiln_tiny_ppl"]["bits_per_byte"] is False
     assert 0 < result["tasks"]["kiln_tiny_ppl"]["bits_per_byte"] < 20
-    assert run_lm_eval(model, sp, LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0) == result
+    assert run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0) == result
     report = build_report({**metrics, "lm_eval": result})
     assert "kiln_tiny_choice" in report.markdown and "Skipped" not in report.markdown.split("lm-evaluation-harness")[1]
     assert "lm_eval.acc/kiln_tiny_choice" in key_metrics({**metrics, "lm_eval": result})
+
+
+@pytest.mark.parametrize("store", ["sqlite", "file"])
+def test_training_loss_history_keeps_the_newest_value_of_a_redone_step(tmp_path, monkeypatch, store):
+    """After a resume MLflow holds a step twice: the value logged before the kill and the redone
+    one. The history keeps the newer by timestamp, whatever order the store returns them in: the
+    SQL stores sort by timestamp, the file store returns them in the order they were logged."""
+    import mlflow
+
+    from engine.report import training_loss_history
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this flag
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}" if store == "sqlite" else (tmp_path / "mlruns").as_uri()
+    client = mlflow.MlflowClient(tracking)
+    run_id = client.create_run(client.create_experiment("kiln")).info.run_id
+    for step in range(1, 6):
+        client.log_metric(run_id, "loss", 10.0 - step, timestamp=2_000_000 + step, step=step)
+    # Pre-kill values of steps 3-5, older, written last (as a store might return them).
+    for step in range(3, 6):
+        client.log_metric(run_id, "loss", 100.0 + step, timestamp=1_000_000 + step, step=step)
+    client.log_metric(run_id, "loss", float("nan"), timestamp=3_000_000, step=6)  # newest value not finite
+    client.log_metric(run_id, "loss", 4.0, timestamp=1_000_006, step=6)
+    points, source = training_loss_history(tracking, run_id)
+    assert points == [(1, 9.0), (2, 8.0), (3, 7.0), (4, 6.0), (5, 5.0)] and source == f"MLflow run {run_id}"
 
 
 # --- the Dagster asset -----------------------------------------------------------------------
@@ -429,8 +466,9 @@ def test_asset_publishes_report_checks_mlflow_and_compares_with_the_previous_rep
     ckpt = tmp_path / "ckpt"
     shutil.copytree(run["export"], ckpt / "export")
     (ckpt / "resolved_config.json").write_text(json.dumps({"seed": INIT_SEED}))
+    # first_loss null: what result.json holds when no logged step was accepted; the header says n/a.
     (ckpt / "result.json").write_text(json.dumps({
-        "first_loss": run["losses"][0][1], "final_loss": run["losses"][-1][1], "steps": len(run["losses"]),
+        "first_loss": None, "final_loss": run["losses"][-1][1], "steps": len(run["losses"]),
         "tokens": 16 * SEQ_LEN * len(run["losses"]), "mlflow_run_id": training_run}))
     _publish(storage, "checkpoints", None, ckpt, {})
 
@@ -448,7 +486,7 @@ def test_asset_publishes_report_checks_mlflow_and_compares_with_the_previous_rep
         result = dg.materialize([eval_report], resources={"kiln": KilnResource(config_path=str(path))},
                                 raise_on_error=False)
         checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-        # A failed blocking check fails the run, after the report was published.
+        # A failed blocking check fails the run; the report is published for inspection, not as latest.
         assert result.success == (checks["metrics_finite"] and checks["contamination_under_limit"])
         return result.asset_materializations_for_node("eval_report")[0].metadata, checks
 
@@ -459,9 +497,14 @@ def test_asset_publishes_report_checks_mlflow_and_compares_with_the_previous_rep
     assert checks["contamination_under_limit"] is False and checks["metrics_finite"] is True
     version = second["data_version"].value
     assert second["previous_report"].value == first["data_version"].value != version
+    assert first["marked_latest"].value is True and second["marked_latest"].value is False
+    assert storage.latest("eval_report", None).data_version == first["data_version"].value
+    assert storage.artifact("eval_report", None, version).manifest()["failed_blocking_checks"] == [
+        "contamination_under_limit"]
     folder = state / "storage" / "eval_report" / "all" / version
     report = (folder / "report.md").read_text()
     assert "Compared with the previous report" in report and first["data_version"].value in report
+    assert f"loss n/a → {run['losses'][-1][1]:.4f})" in report
     assert "cloze_items.jsonl" in os.listdir(folder) and (folder / "report.html").exists()
     assert "| cloze_accuracy |" in report and "**FAILED**" in report
     assert "Contamination audit" in second["report"].value

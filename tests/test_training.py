@@ -95,7 +95,9 @@ def test_attention_is_causal():
 def test_rope_scores_depend_only_on_relative_position():
     head_dim = 16
     cos, sin = rope_cos_sin(32, head_dim, 10000.0, "cpu", torch.float64)
-    q, k = torch.randn(head_dim, dtype=torch.float64), torch.randn(head_dim, dtype=torch.float64)
+    # Seeded: with unlucky vectors a score is near 0 and the relative comparisons below are noise.
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(head_dim, dtype=torch.float64, generator=gen) for _ in range(2))
 
     def score(m, n):
         return float(apply_rope(q, cos[m], sin[m]) @ apply_rope(k, cos[n], sin[n]))
@@ -233,19 +235,62 @@ def test_deepspeed_config_is_zero3_and_rejects_conflicts(random_shards, tmp_path
         build_deepspeed_config({**cfg, "deepspeed": {"optimizer": {"params": {"lr": 1.0}}}}, bf16=False)
     with pytest.raises(ValueError, match="stage 3"):
         build_deepspeed_config({**cfg, "deepspeed": {"zero_optimization": {"stage": 2}}}, bf16=False)
-    with pytest.raises(ValueError, match="unknown run config keys"):
+    with pytest.raises(ValueError, match="learning_rate: unknown run config key"):
         resolve_run_config({"mixed_shards_dir": "x", "out_dir": "y", "learning_rate": 1.0})
+    with pytest.raises(ValueError, match=r"spike_min_history \(30\) must be <= spike_window \(10\)"):
+        resolve_run_config({"mixed_shards_dir": "x", "out_dir": "y", "spike_window": 10, "spike_min_history": 30})
+    with pytest.raises(ValueError, match="debug_loss_scale_steps: .*finite and > 0"):
+        resolve_run_config({"mixed_shards_dir": "x", "out_dir": "y", "debug_loss_scale_steps": {"3": -1}})
+    # JSON object keys are strings; the hook's steps come back as ints. A model override keeps the preset.
+    hooks = resolve_run_config({"mixed_shards_dir": "x", "out_dir": "y", "debug_loss_scale_steps": {"3": 5},
+                                "model": {"n_kv_heads": 1}})
+    assert hooks["debug_loss_scale_steps"] == {3: 5.0} and hooks["model"] == {"preset": "tiny", "n_kv_heads": 1}
     model_cfg = resolve_model_config(cfg)
     assert (model_cfg.vocab_size, model_cfg.max_seq_len, model_cfg.eos_id) == (64, 16, 2)
 
 
 def test_skip_guard_aborts_after_too_many_consecutive_skips():
     guard = SkipGuard(max_consecutive=2)
-    for skipped in (True, True, False, True, True):
-        guard.record(skipped, step=1, loss=float("nan"), grad_norm=float("nan"))
-    assert guard.total == 4
-    with pytest.raises(RuntimeError, match="3 consecutive steps skipped"):
-        guard.record(True, step=6, loss=float("nan"), grad_norm=float("inf"))
+    for reason in ("non_finite", "spike", None, "non_finite", "non_finite"):
+        guard.record(reason, step=1, loss=float("nan"), grad_norm=float("nan"))
+    assert guard.total == 4 and guard.by_reason == {"non_finite": 3, "spike": 1}
+    with pytest.raises(RuntimeError, match="3 consecutive steps skipped \\(last: spike"):
+        guard.record("spike", step=6, loss=50.0, grad_norm=1.0)
+
+
+def test_spike_window_statistics():
+    guard = SkipGuard(max_consecutive=5, spike_k=3.0, window=4, min_history=3)
+    assert guard.spike_threshold() is None
+    for loss in (5.0, 4.0):
+        guard.record(None, step=0, loss=loss, grad_norm=1.0)
+    assert guard.spike_threshold() is None  # fewer than min_history accepted steps: no check yet
+    guard.record(None, step=3, loss=3.0, grad_norm=1.0)
+    # mean 4, population std sqrt(2/3): threshold = 4 + 3 * 0.8165
+    assert guard.spike_threshold() == pytest.approx(4.0 + 3.0 * math.sqrt(2 / 3))
+    for loss in (2.0, 1.0):
+        guard.record(None, step=4, loss=loss, grad_norm=1.0)
+    assert list(guard.losses) == [4.0, 3.0, 2.0, 1.0]  # the window keeps the last 4
+    assert guard.spike_threshold() == pytest.approx(2.5 + 3.0 * math.sqrt(1.25))
+    before = guard.spike_threshold()
+    guard.record("spike", step=6, loss=40.0, grad_norm=1.0)
+    guard.record("non_finite", step=7, loss=float("nan"), grad_norm=float("nan"))
+    assert guard.spike_threshold() == before  # skipped steps never enter the window
+
+    # Round trip through what a checkpoint stores (plain floats and ints, weights_only-safe).
+    state = guard.state_dict()
+    assert json.loads(json.dumps(state)) == state
+    resumed = SkipGuard(max_consecutive=5, spike_k=3.0, window=4, min_history=3)
+    resumed.load_state_dict(state)
+    assert resumed.spike_threshold() == before
+    assert (resumed.total, resumed.consecutive, resumed.by_reason) == (2, 2, {"non_finite": 1, "spike": 1})
+    resumed.record(None, step=8, loss=0.5, grad_norm=1.0)
+    assert list(resumed.losses) == [3.0, 2.0, 1.0, 0.5] and resumed.consecutive == 0
+
+    for off in (None, 0.0, -1.0):  # disabled
+        disabled = SkipGuard(max_consecutive=5, spike_k=off, window=4, min_history=2)
+        for loss in (1.0, 1.0, 1.0):
+            disabled.record(None, step=1, loss=loss, grad_norm=1.0)
+        assert disabled.spike_threshold() is None
 
 
 def test_mfu_only_against_a_known_gpu_peak():
@@ -339,6 +384,52 @@ def test_export_rejects_empty_or_misshapen_tensors(tmp_path):
         save_export({k: v for k, v in state.items() if k not in (EMBED, LM_HEAD)}, cfg, tmp_path / "b")
 
 
+def test_activation_checkpointing_recomputes_blocks_with_identical_gradients():
+    cfg = ModelConfig(**TINY)
+    ids, targets = torch.randint(0, 64, (2, 24)), torch.randint(0, 64, (2, 24))
+
+    def grads_and_block_calls(checkpointing: bool):
+        model = build_model(cfg, seed=0)
+        model.activation_checkpointing = checkpointing
+        calls = []
+        for layer in model.model.layers:
+            layer.register_forward_pre_hook(lambda *_: calls.append(1))
+        model(ids, targets).backward()
+        return {n: p.grad for n, p in model.named_parameters()}, len(calls)
+
+    plain, plain_calls = grads_and_block_calls(False)
+    recomputed, recomputed_calls = grads_and_block_calls(True)
+    assert plain_calls == cfg.n_layers and recomputed_calls == 2 * cfg.n_layers  # each block ran again in backward
+    # Same kernels on the same inputs: bit-identical gradients on CPU.
+    assert all(torch.equal(plain[name], recomputed[name]) for name in plain)
+    model = build_model(cfg, seed=0).eval()
+    model.activation_checkpointing = True
+    with torch.no_grad():  # nothing to recompute without a backward
+        model(ids)
+
+
+def test_export_carries_the_hugging_face_tokenizer(tmp_path):
+    """AutoTokenizer.from_pretrained(export_dir) encodes exactly like the SentencePiece model."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    from engine.tokenizer import TokenizerConfig, train_tokenizer
+
+    texts = _documents(np.random.default_rng(1), 200) + ["Zürich, naïve café: 12.5% — “quoted” ümlaut ∑ 日本"]
+    train_tokenizer({"web": texts}, str(tmp_path / "tok"), TokenizerConfig(vocab_size=400, sample_chars_per_bucket=100_000))
+    cfg = ModelConfig(**{**TINY, "vocab_size": 400})
+    save_export(build_model(cfg, seed=0).state_dict(), cfg, tmp_path / "export", tmp_path / "tok",
+                metadata={"step": 3})
+    names = {p.name for p in (tmp_path / "export").iterdir()}
+    assert {"tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"} <= names
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["model_type"] == "llama"  # not replaced
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "export" / "tokenizer.model"))
+    hf = AutoTokenizer.from_pretrained(tmp_path / "export")
+    for text in texts[:50] + texts[-1:] + ["</s> is plain text here", "  two  spaces\nand a newline"]:
+        assert hf.encode(text) == sp.encode(text), text
+        assert hf.decode(hf.encode(text)) == sp.decode(sp.encode(text))
+
+
 def test_hf_config_round_trip():
     cfg = ModelConfig.from_preset("1B", vocab_size=32000, bos_id=1, eos_id=2)
     assert model_config_from_hf(hf_config(cfg)) == cfg
@@ -373,14 +464,48 @@ def test_export_loads_in_transformers_llama_with_equal_logits(tmp_path, tied, at
 # ---------------------------------------------------------------- launcher
 
 def test_build_command_targets_train_script(tmp_path):
-    cmd = build_command(tmp_path / "run.json", num_gpus=2, master_port=29555)
+    cmd = build_command(tmp_path / "run.json", num_gpus=2, master_port=29555, use_cpu=True)
     assert Path(cmd[0]).name == "deepspeed" or cmd[1:3] == ["-m", "deepspeed.launcher.runner"]
     assert cmd[cmd.index("--num_gpus") + 1] == "2" and cmd[cmd.index("--master_port") + 1] == "29555"
     assert cmd[-3].endswith("training/train.py") and cmd[-2:] == ["--config", str(tmp_path / "run.json")]
-    auto = build_command(tmp_path / "run.json")
+    auto = build_command(tmp_path / "run.json", use_cpu=True)
     assert int(auto[auto.index("--master_port") + 1]) > 0
-    multi = build_command(tmp_path / "run.json", num_nodes=2, hostfile="/etc/hostfile")
-    assert "--hostfile" in multi and "--master_addr" not in multi
+    assert auto[auto.index("--num_gpus") + 1] == "2" and "--num_nodes" not in auto  # 2 CPU ranks by default
+    multi = build_command(tmp_path / "run.json", num_gpus=8, num_nodes=2, hostfile="/etc/hostfile")
+    assert "--hostfile" in multi and "--master_addr" not in multi and "--num_nodes" in multi
+
+
+def test_rank_selection_honours_cuda_visible_devices():
+    """DeepSpeed's runner uses CUDA_VISIBLE_DEVICES only when no --num_gpus/--num_nodes/--include
+    is passed, takes GPUs 0..N-1 with --num_gpus, and refuses --num_nodes next to --include."""
+    from training.launch import resource_args, visible_gpus
+
+    assert resource_args(None, 1, None, use_cpu=True, visible=None) == ["--num_gpus", "2"]
+    assert resource_args(3, 1, None, use_cpu=True, visible=["0"]) == ["--num_gpus", "3"]  # CPU ranks are processes
+    # GPU host, auto: no flag at all, so the runner turns CUDA_VISIBLE_DEVICES (or every GPU) into ranks.
+    assert resource_args(None, 1, None, use_cpu=False, visible=["2", "3"]) == []
+    assert resource_args(None, 1, None, use_cpu=False, visible=None) == []
+    # An explicit count on a host with CUDA_VISIBLE_DEVICES: the first N of those devices, by id.
+    assert resource_args(1, 1, None, use_cpu=False, visible=["2", "3"]) == ["--include", "localhost:2"]
+    assert resource_args(2, 1, None, use_cpu=False, visible=None) == ["--num_gpus", "2"]
+    with pytest.raises(ValueError, match="CUDA_VISIBLE_DEVICES lists 1 GPUs"):
+        resource_args(2, 1, None, use_cpu=False, visible=["5"])
+    assert resource_args(None, 2, "hosts", use_cpu=False, visible=None) == ["--num_nodes", "2", "--hostfile", "hosts"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1, 3"}) == ["1", "3"] and visible_gpus({}) is None
+    cmd = build_command("run.json", num_gpus=1, use_cpu=False, env={"CUDA_VISIBLE_DEVICES": "7"})
+    assert "--include" in cmd and "--num_gpus" not in cmd and "--num_nodes" not in cmd
+
+
+def test_dry_run_default_ranks_are_two_cpu_processes(random_shards, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("the default is every visible GPU on a CUDA host")
+    out = tmp_path / "out"
+    (tmp_path / "run.json").write_text(json.dumps({"mixed_shards_dir": str(random_shards), "out_dir": str(out)}))
+    assert launch_main(["--dry-run", str(tmp_path / "run.json")]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[0] == "[kiln] dry run: 2 ranks on localhost:2"
+    assert "DS_ACCELERATOR=cpu" in printed[-1] and " --num_gpus 2 --master_port " in printed[-1]
+    assert "--num_nodes" not in printed[-1]
 
 
 def test_dry_run_prints_the_exact_command_and_runs_nothing(random_shards, tmp_path, capsys):
@@ -391,7 +516,7 @@ def test_dry_run_prints_the_exact_command_and_runs_nothing(random_shards, tmp_pa
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[0] == "[kiln] dry run: 2 ranks on localhost:2"
     line = printed[-1]
-    assert line.startswith(f"cd {out} && ") and "--num_gpus 2 --num_nodes 1" in line
+    assert line.startswith(f"cd {out} && ") and " --num_gpus 2 --master_port " in line
     assert line.endswith(f"training/train.py --config {out / 'run.json'}")
     if not torch.cuda.is_available():
         assert "DS_ACCELERATOR=cpu" in line
@@ -427,7 +552,7 @@ def test_dry_run_of_a_multi_node_launch(random_shards, tmp_path, capsys):
                         str(tmp_path / "run.json")]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[0] == "[kiln] dry run: 16 ranks on node-1:8, node-2:8"
-    assert "--num_gpus 8 --num_nodes 2 --master_port" in printed[-1]
+    assert "--num_gpus 8 --num_nodes 2 --hostfile" in printed[-1]
     assert f"--hostfile {hostfile}" in printed[-1] and "--master_addr" not in printed[-1]
 
 
@@ -471,22 +596,20 @@ def _documents(rng: np.random.Generator, n: int) -> list[str]:
 
 
 def build_text_shards(folder: Path, seq_len: int = 64) -> tuple[Path, Path]:
-    """A real SentencePiece tokenizer and mixed_shards built from a small, learnable grammar."""
+    """The pipeline's own tokenizer (SentencePiece plus its Hugging Face export in hf/) and
+    mixed_shards built from a small, learnable grammar."""
     import sentencepiece as spm
+
+    from engine.tokenizer import TokenizerConfig, train_tokenizer
 
     rng = np.random.default_rng(0)
     tokenizer_dir = folder / "tokenizer"
-    tokenizer_dir.mkdir(parents=True)
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(_documents(rng, 400)), model_prefix=str(tokenizer_dir / "tokenizer"),
-        vocab_size=120, model_type="bpe", character_coverage=1.0, minloglevel=2,
-    )
+    meta = train_tokenizer({"web": _documents(rng, 400)}, str(tokenizer_dir),
+                           TokenizerConfig(vocab_size=384, sample_chars_per_bucket=200_000))
+    assert meta["hf_export"]["exported"] and meta["hf_export"]["mismatches"] == 0, meta["hf_export"]
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "tokenizer.model"))
     vocab = sp.get_piece_size()
-    token_bytes = np.array([
-        0 if sp.is_control(i) or sp.is_unknown(i) else 1 if sp.is_byte(i)
-        else len(sp.id_to_piece(i).replace("\u2581", " ").encode()) for i in range(vocab)])
-    np.save(tokenizer_dir / "token_bytes.npy", token_bytes.astype(np.int32))
+    token_bytes = np.load(tokenizer_dir / "token_bytes.npy")
 
     def rows(docs: list[str]) -> np.ndarray:
         stream = [t for doc in docs for t in sp.encode(doc) + [sp.eos_id()]]
@@ -592,13 +715,18 @@ def test_two_rank_zero3_run(two_rank_run):
 
     records = metric_records(out)
     assert [r["step"] for r in records] == list(range(1, TRAIN_STEPS + 1))
-    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "flops_per_s", "skipped", "skipped_steps",
-            "rss_bytes"} <= set(records[0])
+    assert {"loss", "lr", "grad_norm", "tokens", "tokens_per_s", "flops_per_s", "skipped", "skip_reason",
+            "skipped_steps", "spike_threshold", "rss_bytes"} <= set(records[0])
     # CPU: achieved FLOP/s only; an MFU needs a known peak, which a CPU does not have here.
     assert all("mfu" not in r for r in records) and result["median_mfu"] is None
     assert all(r["flops_per_s"] > 0 and r["rss_bytes"] > 50e6 for r in records)
     # The injected NaN is skipped on both ranks: no update, and the schedule does not advance.
     assert [r["step"] for r in records if r["skipped"]] == [NAN_STEP] and result["skipped_steps"] == 1
+    assert records[NAN_STEP - 1]["skip_reason"] == "non_finite" and result["skipped_non_finite"] == 1
+    assert result["skipped_spike"] == 0 and {r["skip_reason"] for r in records if not r["skipped"]} == {None}
+    # The spike check (default spike_min_history 20) starts once 20 steps were accepted: after step 21.
+    assert [r["step"] for r in records if r["spike_threshold"] is not None] == list(range(22, TRAIN_STEPS + 1))
+    assert all(r["loss"] < r["spike_threshold"] for r in records if r["spike_threshold"] is not None)
     assert [r["skipped_steps"] for r in records] == [0] * (NAN_STEP - 1) + [1] * (TRAIN_STEPS - NAN_STEP + 1)
     assert records[NAN_STEP - 1]["loss"] is None
     assert records[NAN_STEP]["lr"] == records[NAN_STEP - 1]["lr"]
@@ -622,6 +750,10 @@ def test_two_rank_zero3_run(two_rank_run):
 
     model, cfg = load_exported(out / "export")
     assert (out / "export" / "tokenizer.model").exists() and cfg.tie_embeddings
+    # Lineage: what the weights were trained from, and nothing that changes on a rerun.
+    assert json.loads((out / "export" / "export_meta.json").read_text()) == {
+        "step": TRAIN_STEPS, "seed": 11, "init_fingerprint": result["init_fingerprint"],
+        "data_versions": {"mixed_shards": MIXED_VERSION}, "git_commit": _head_commit()}
     assert model.lm_head.weight.abs().sum() > 0
     # The step-0 model is build_model(cfg, seed): the same weights training started from.
     initial = build_model(cfg, two_rank_run["config"]["seed"])
@@ -639,6 +771,13 @@ def test_two_rank_zero3_run(two_rank_run):
                            .reshape(-1, 65)[:4, :64].astype(np.int64))
     with torch.no_grad():
         torch.testing.assert_close(hf_model(ids).logits, model(ids), **HF_LOGITS_TOLERANCE)
+    # ... with its tokenizer: the Hugging Face one in the export encodes like the SentencePiece model.
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(out / "export" / "tokenizer.model"))
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out / "export")
+    for text in _documents(np.random.default_rng(5), 20):
+        assert hf_tokenizer.encode(text) == sp.encode(text)
 
     import mlflow
     client = mlflow.MlflowClient(two_rank_run["config"]["mlflow"]["tracking_uri"])
@@ -653,6 +792,10 @@ def test_two_rank_zero3_run(two_rank_run):
     for name in ("lr", "grad_norm", "tokens_per_s", "flops_per_s", "rss_bytes", "skipped", "skipped_steps"):
         assert len(client.get_metric_history(result["mlflow_run_id"], name)) >= TRAIN_STEPS - 1, name
     assert "mfu" not in run.data.metrics
+    non_finite = client.get_metric_history(result["mlflow_run_id"], "skipped_non_finite")
+    assert [m.step for m in non_finite if m.value == 1.0] == [NAN_STEP]
+    assert not [m for m in client.get_metric_history(result["mlflow_run_id"], "skipped_spike") if m.value]
+    assert params["guard.spike_k"] == "6.0" and params["activation_checkpointing"] == "False"
     assert any(key.startswith("system/") for key in run.data.metrics), sorted(run.data.metrics)
     [dataset_input] = run.inputs.dataset_inputs
     assert dataset_input.dataset.name == "mixed_shards" and dataset_input.dataset.digest == MIXED_VERSION
@@ -680,7 +823,10 @@ def test_hard_kill_mid_step_then_restart_is_bit_identical(two_rank_run):
     assert any("resumed from" in line and "global_step10" in line for line in log)
 
     def key(r):
-        return r["step"], r["loss"], r["lr"], r["grad_norm"], r["tokens"], r["skipped"], r["skipped_steps"]
+        # spike_threshold comes from the window of accepted losses in the checkpoint's client_state:
+        # equal thresholds at steps 22-30 mean the window was restored bit for bit.
+        return (r["step"], r["loss"], r["lr"], r["grad_norm"], r["tokens"], r["skipped"], r["skip_reason"],
+                r["skipped_steps"], r["spike_threshold"])
 
     assert [key(r) for r in metric_records(out)] == [key(r) for r in metric_records(two_rank_run["out"])]
     assert_same_weights(two_rank_run["out"] / "export", out / "export")
@@ -695,6 +841,80 @@ def test_hard_kill_mid_step_then_restart_is_bit_identical(two_rank_run):
     assert result["mlflow_run_id"] != original["mlflow_run_id"]
     history = client.get_metric_history(result["mlflow_run_id"], "loss")
     assert sorted({m.step for m in history}) == [s for s in range(1, TRAIN_STEPS + 1) if s != NAN_STEP]
+
+
+def _head_commit() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+SPIKE_STEP = 6
+
+
+@pytest.mark.slow
+def test_loss_spike_is_skipped_on_every_rank_and_the_run_goes_on(two_rank_run):
+    """Rank 0's loss is multiplied by 50 at step 6 (debug_loss_scale_steps). Both ranks see the
+    all-reduced loss above the spike threshold, discard the update, say why, and train on."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from training.checkpointing import weights_only_loads
+    from training.launch import run
+
+    config = {**two_rank_run["config"], "train_steps": 8, "debug_nan_loss_steps": [],
+              "debug_loss_scale_steps": {str(SPIKE_STEP): 50.0}, "spike_window": 4, "spike_min_history": 3,
+              "checkpoint_every": 1, "keep_last": 20, "export": False,
+              "mlflow": {**two_rank_run["config"]["mlflow"], "run_name": "spike"}}
+    out = two_rank_run["root"] / "spike"
+    log: list[str] = []
+    result = run(config, out, log=log.append)
+    records = metric_records(out)
+    assert result["steps"] == 8 and [r["step"] for r in records] == list(range(1, 9))
+    assert [(r["step"], r["skip_reason"]) for r in records if r["skipped"]] == [(SPIKE_STEP, "spike")]
+    spike = records[SPIKE_STEP - 1]
+    # The logged loss is the real (spiking) one, far above the threshold from steps 2-5.
+    assert spike["loss"] > spike["spike_threshold"] and spike["loss"] > 10 * records[SPIKE_STEP - 2]["loss"]
+    assert result["skipped_spike"] == 1 and result["skipped_non_finite"] == 0 and result["skipped_steps"] == 1
+    # Each rank decided for itself, from the all-reduced loss (only rank 0's was scaled).
+    for rank in (0, 1):
+        assert any(f"rank {rank}: step {SPIKE_STEP} skipped (spike" in line for line in log), rank
+    assert any(f"step {SPIKE_STEP}/8" in line and "SKIPPED (spike" in line for line in log)
+
+    # The update was discarded: the weights after step 6 are those after step 5, bit for bit,
+    # the schedule did not advance, and step 7 trained again.
+    def weights(step: int) -> dict:
+        with weights_only_loads():
+            return get_fp32_state_dict_from_zero_checkpoint(str(out / "ckpt"), tag=f"global_step{step}")
+
+    before, at_spike, after = weights(SPIKE_STEP - 1), weights(SPIKE_STEP), weights(SPIKE_STEP + 1)
+    assert all(torch.equal(before[name], at_spike[name]) for name in before)
+    assert not all(torch.equal(at_spike[name], after[name]) for name in at_spike)
+    assert records[SPIKE_STEP]["lr"] == records[SPIKE_STEP - 1]["lr"]
+    assert records[SPIKE_STEP]["loss"] < records[SPIKE_STEP - 2]["loss"] * 1.5  # back to normal
+
+    import mlflow
+    client = mlflow.MlflowClient(config["mlflow"]["tracking_uri"])
+    history = client.get_metric_history(result["mlflow_run_id"], "skipped_spike")
+    assert [m.step for m in history if m.value == 1.0] == [SPIKE_STEP]
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_gives_the_same_losses(two_rank_run):
+    """The first 6 steps of the 2-rank ZeRO-3 run again, every decoder block recomputed in
+    backward: per-step losses and gradient norms equal the run without it, bit for bit on CPU
+    (the recompute runs the same kernels on the same inputs). Steps 1-6 have the same learning
+    rates for 6 and for 30 training steps (warmup is 5 steps; step 6 is the cosine's start)."""
+    from training.launch import run
+
+    config = {**two_rank_run["config"], "train_steps": 6, "activation_checkpointing": True, "export": False,
+              "mlflow": {**two_rank_run["config"]["mlflow"], "run_name": "activation-checkpointing"}}
+    out = two_rank_run["root"] / "recompute"
+    run(config, out, log=lambda line: None)
+    assert json.loads((out / "resolved_config.json").read_text())["activation_checkpointing"] is True
+
+    def key(r):
+        return r["step"], r["loss"], r["lr"], r["grad_norm"], r["skipped"]
+
+    assert [key(r) for r in metric_records(out)] == [key(r) for r in metric_records(two_rank_run["out"])[:6]]
 
 
 @pytest.mark.slow

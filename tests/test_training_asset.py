@@ -30,8 +30,9 @@ def pipeline(tmp_path, monkeypatch):
         shutil.copytree(source, staging, dirs_exist_ok=True)
         artifacts[asset] = storage.publish(staging, asset, None, manifest={})
     config = yaml.safe_load(Path(DEFAULT_CONFIG_PATH).read_text())
+    # num_gpus left at its default (null): 2 CPU ranks on a machine without a GPU.
     config["training"] = {"preset": "tiny", "steps": STEPS, "micro_batch_size": 8, "lr": 0.003,
-                          "warmup_steps": 2, "checkpoint_every": 3, "num_gpus": 2}
+                          "warmup_steps": 2, "checkpoint_every": 3, "log_every": 2}
     config["storage"] = {"root": str(tmp_path / "storage")}
     config["mlflow"] = {**config.get("mlflow", {}), "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     return {"tmp": tmp_path, "config": config, "artifacts": artifacts, "storage": storage}
@@ -71,7 +72,7 @@ def test_checkpoints_asset_runs_the_launcher_under_pipes(pipeline):
     for key in ("final_loss", "first_loss", "steps", "tokens", "mlflow_run_id", "median_tokens_per_s"):
         assert metadata[key] == result_json[key], key
     assert metadata["train_wall_s"] == result_json["wall_s"] and metadata["steps"] == STEPS
-    assert metadata["steps_streamed"] == STEPS  # one Pipes message per step
+    assert metadata["steps_streamed"] == STEPS == metadata["steps_logged_live"]  # one Pipes message per step
     assert metadata["loss_curve"].count("\n") == STEPS + 1  # header, rule, one row per step
     assert metadata["data_version"] == published.data_version
     assert metadata["mlflow_run"] == (f"http://127.0.0.1:5000/#/experiments/{result_json['mlflow_experiment_id']}"
@@ -82,7 +83,15 @@ def test_checkpoints_asset_runs_the_launcher_under_pipes(pipeline):
     info = [message for level, message in logs if level == logging.INFO]
     assert "[pipes] external process successfully opened dagster pipes." in info
     assert not [m for _, m in logs if "[pipes] did not receive" in m]  # rank 0 closed Pipes cleanly
-    assert any(message.startswith(f"step {STEPS}/{STEPS} loss") for message in info)
+    # Rank 0's per-step Pipes messages, every log_every (2) steps, written into the run's log by
+    # the asset as they arrived: while the launcher was still running, not after it.
+    progress = [m for m in info if m.startswith("step ")]
+    assert [m.split()[1] for m in progress] == ["2/6", "4/6", "6/6"], progress
+    assert all(" loss " in m and " lr " in m and " grad_norm " in m and " tokens/s " in m for m in progress)
+    entries = instance.all_logs(result.run_id)
+    first_progress = min(e.timestamp for e in entries if (e.user_message or "").startswith("step 2/6"))
+    last_launcher_line = max(e.timestamp for e in entries if e.level == logging.DEBUG and "[kiln]" in e.user_message)
+    assert first_progress < last_launcher_line
     # The launcher's raw output is there too, one level down.
     assert any("[kiln] step" in message for level, message in logs if level == logging.DEBUG)
     assert not (published.path / "pipes-messages.jsonl").exists()
@@ -109,6 +118,69 @@ def test_dry_run_logs_the_command_and_materializes_nothing(pipeline):
     assert sorted(p.name for p in work_dir.iterdir()) == ["run.json"]
     with pytest.raises(Exception, match="has not been materialized"):
         pipeline["storage"].latest("checkpoints", None)
+
+
+# A value other than the default for every training setting that reaches the ranks.
+NON_DEFAULT_TRAINING = {
+    "preset": "125M", "model": {"n_kv_heads": 4, "tie_embeddings": False}, "steps": 9, "micro_batch_size": 4,
+    "grad_accum": 2, "lr": 0.002, "warmup_steps": 3, "min_lr_ratio": 0.2, "weight_decay": 0.05, "betas": [0.8, 0.9],
+    "adam_eps": 1e-7, "grad_clip": 0.5, "activation_checkpointing": True, "checkpoint_every": 4, "keep_last": 3,
+    "max_consecutive_skips": 7, "spike_k": 4.5, "spike_window": 50, "spike_min_history": 10, "log_every": 3,
+    "system_metrics_interval_s": 2.5, "seed": 5,
+    "deepspeed": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
+}
+
+
+def test_every_training_setting_reaches_run_json(pipeline):
+    """The asset's run.json (written by the dry run; the real run writes the same) carries every
+    training setting of the pipeline config, and the trainer accepts it."""
+    from assets.checkpoints import LAUNCH_FIELDS
+    from training.config import resolve_run_config
+    from workflows.config import TrainingConfig
+
+    defaults = TrainingConfig().model_dump(mode="json")
+    # A new TrainingConfig field fails here until it is wired into run.json and listed above.
+    assert set(NON_DEFAULT_TRAINING) == set(TrainingConfig.model_fields) - LAUNCH_FIELDS
+    assert all(defaults[name] != value for name, value in NON_DEFAULT_TRAINING.items())
+
+    result, instance = materialize(pipeline, dry_run=True, **NON_DEFAULT_TRAINING)
+    assert result.success
+    [command] = [m for _, m in run_logs(instance, result.run_id) if m.startswith("cd ") and "train.py" in m]
+    run_json = json.loads((Path(command.split()[1]) / "run.json").read_text())
+    expected = {
+        "model": {"preset": "125M", "n_kv_heads": 4, "tie_embeddings": False}, "train_steps": 9,
+        "micro_batch_size": 4, "grad_accum_steps": 2, "lr": 0.002, "warmup_steps": 3, "min_lr_ratio": 0.2,
+        "weight_decay": 0.05, "betas": [0.8, 0.9], "adam_eps": 1e-7, "grad_clip": 0.5,
+        "activation_checkpointing": True, "checkpoint_every": 4, "keep_last": 3, "max_consecutive_skips": 7,
+        "spike_k": 4.5, "spike_window": 50, "spike_min_history": 10, "log_every": 3, "seed": 5,
+        "deepspeed": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
+    }
+    assert {key: run_json[key] for key in expected} == expected
+    assert run_json["mlflow"]["system_metrics_interval_s"] == 2.5
+    mixed, tok = pipeline["artifacts"]["mixed_shards"], pipeline["artifacts"]["tokenizer"]
+    assert run_json["data_versions"] == {"mixed_shards": mixed.data_version, "tokenizer": tok.data_version}
+    assert len(run_json["git_commit"]) >= 7 and run_json["mlflow"]["tags"]["git_commit"] == run_json["git_commit"]
+    resolved = resolve_run_config(run_json)
+    assert resolved["betas"] == (0.8, 0.9) and resolved["model"]["n_kv_heads"] == 4
+
+
+def test_step_messages_become_run_log_lines_every_log_every_steps():
+    from assets.checkpoints import StepProgress
+
+    info, warning = [], []
+    progress = StepProgress(info.append, warning.append, every=3, total=7)
+    for step in range(1, 8):
+        skipped = step == 4
+        progress({"kind": "step", "step": step, "loss": 9.5 if skipped else 2.0, "lr": 1e-3, "grad_norm": 0.5,
+                  "tokens_per_s": 1000.0, "skipped": skipped, "skip_reason": "spike" if skipped else None,
+                  "spike_threshold": 3.25 if skipped else None})
+    progress({"kind": "something else"})
+    progress("not a dict")
+    assert [line.split()[1] for line in info] == ["3/7", "6/7", "7/7"] and progress.received == 7
+    assert warning == ["step 4/7 loss 9.5000 lr 0.001 grad_norm 0.5 tokens/s 1000 SKIPPED "
+                       "(spike: loss above the spike threshold 3.2500)"]
+    progress({"kind": "step", "step": None})  # malformed: a warning, never an exception in the reader thread
+    assert "could not show step message" in warning[-1]
 
 
 def test_mlflow_links_and_uris_never_carry_credentials():

@@ -1,4 +1,4 @@
-"""run.json: defaults, validation, and the DeepSpeed config derived from it.
+"""run.json: its typed schema (defaults, descriptions, validation), and the DeepSpeed config derived from it.
 
 Kept apart from train.py so callers (launch, Dagster assets, tests) can resolve and show a run's
 settings without importing DeepSpeed.
@@ -10,84 +10,134 @@ import copy
 import json
 import math
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training.data import load_manifest
 from training.model import ModelConfig
 
-REQUIRED = ("mixed_shards_dir", "out_dir")
-
-DEFAULTS: dict = {
-    # "preset" plus any ModelConfig field as an override; vocab_size/eos_id come from the data.
-    "model": {"preset": "tiny"},
-    "mixed_shards_dir": None,
-    "tokenizer_dir": None,  # copied into the export when given
-    "out_dir": None,
-    "seed": 1234,
-    "train_steps": 200,
-    "micro_batch_size": 8,
-    "grad_accum_steps": 1,
-    "lr": 6e-4,
-    "warmup_steps": 20,
-    "min_lr_ratio": 0.1,
-    "weight_decay": 0.1,
-    "betas": [0.9, 0.95],
-    "adam_eps": 1e-8,
-    "grad_clip": 1.0,
-    "checkpoint_every": 100,
-    "keep_last": 2,
-    "max_consecutive_skips": 5,
-    "log_every": 10,  # progress line on stdout every N steps (metrics.jsonl gets every step)
-    "export": True,
-    # system_metrics: MLflow samples CPU/memory/disk/network (and GPU with pynvml) in a thread.
-    "mlflow": {"tracking_uri": None, "experiment": "kiln-train", "run_name": None, "tags": {},
-               "system_metrics": True, "system_metrics_interval_s": 10.0},
-    # Data versions of the inputs when the caller knows them (Dagster does); `mixed_shards` becomes
-    # the digest of the MLflow dataset input, else a hash of its manifest is used.
-    "data_versions": {},
-    # Merged over the config built from the keys above; see build_deepspeed_config.
-    "deepspeed": {},
-    # Test hook: multiply rank 0's loss by NaN at these steps to exercise the skip guard.
-    "debug_nan_loss_steps": [],
-}
+DEFAULT_PRESET = "tiny"
 
 
-def _deep_merge(base: dict, override: dict) -> dict:
-    merged = copy.deepcopy(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _deep_merge(merged[key], value)
+class _Strict(BaseModel):
+    # A typo must not silently train with a default.
+    model_config = ConfigDict(extra="forbid")
+
+
+class MlflowRunConfig(_Strict):
+    tracking_uri: str | None = Field(None, description="MLflow tracking URI; null: no MLflow.")
+    experiment: str = Field("kiln-train", description="MLflow experiment name.")
+    run_name: str | None = Field(None, description="MLflow run name (a resumed run keeps its run).")
+    tags: dict[str, str] = Field(default_factory=dict, description="Tags set on the run (e.g. dagster_run_id).")
+    system_metrics: bool = Field(True, description="Sample CPU/memory/disk/network (and GPU with pynvml) in a thread.")
+    system_metrics_interval_s: float = Field(10.0, gt=0, description="Seconds between system metric samples.")
+
+
+Unit = Annotated[float, Field(ge=0.0, lt=1.0)]
+
+
+class RunConfig(_Strict):
+    """Everything one training run reads (run.json)."""
+
+    model: dict[str, Any] = Field(
+        default_factory=lambda: {"preset": DEFAULT_PRESET},
+        description="`preset` (tiny, 125M, 350M, 1B; default tiny) plus any ModelConfig field as an override; "
+                    "vocab_size/eos_id/max_seq_len default to the data manifest, bos_id to the tokenizer.")
+    mixed_shards_dir: str = Field(min_length=1, description="Input mixed_shards folder.")
+    tokenizer_dir: str | None = Field(
+        None, description="Tokenizer folder: tokenizer.model and the Hugging Face tokenizer in hf/ go into the export.")
+    out_dir: str = Field(min_length=1, description="Output folder (set by training.launch.run).")
+    seed: int = Field(1234, description="Seed of the initial weights and of the data order.")
+    train_steps: int = Field(200, ge=1, description="Optimizer steps (a skipped step counts).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per micro step.")
+    grad_accum_steps: int = Field(1, ge=1, description="Micro steps per optimizer step.")
+    lr: float = Field(6e-4, gt=0, description="Peak learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warmup steps before the cosine decay.")
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr.")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (matrices only, not norm gains).")
+    betas: tuple[Unit, Unit] = Field((0.9, 0.95), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clipping threshold.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder block in backward (torch non-reentrant checkpoint): less "
+                           "activation memory for about one more forward pass of compute.")
+    checkpoint_every: int = Field(100, ge=1, description="Checkpoint cadence in steps (the final step is saved too).")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept.")
+    max_consecutive_skips: int = Field(
+        5, ge=1, description="Abort after more consecutive skipped steps (non-finite loss or gradient, or a loss spike).")
+    spike_k: float | None = Field(
+        6.0, description="Skip a step whose micro-batch loss (mean over ranks) exceeds mean + spike_k standard "
+                         "deviations of the last spike_window accepted step losses; null or <= 0 disables the check.")
+    spike_window: int = Field(100, ge=2, description="Accepted step losses the spike statistics are taken over.")
+    spike_min_history: int = Field(
+        20, ge=2, description="Accepted steps needed before the spike check is active (the early loss falls fast).")
+    log_every: int = Field(10, ge=1, description="Progress line on stdout (and in the Dagster run) every N steps; "
+                                                 "metrics.jsonl and MLflow get every step.")
+    export: bool = Field(True, description="Consolidate the final checkpoint into export/.")
+    git_commit: str | None = Field(None, description="Commit of the code (recorded in export_meta.json); null: "
+                                                     "`git rev-parse HEAD` of this checkout, if it is one.")
+    mlflow: MlflowRunConfig = Field(default_factory=MlflowRunConfig)
+    data_versions: dict[str, str] = Field(
+        default_factory=dict,
+        description="Data versions of the inputs (mixed_shards, tokenizer) when the caller knows them (Dagster "
+                    "does): the MLflow dataset digest and export_meta.json lineage.")
+    deepspeed: dict[str, Any] = Field(
+        default_factory=dict, description="Merged over the generated DeepSpeed config (build_deepspeed_config).")
+    debug_nan_loss_steps: list[int] = Field(
+        default_factory=list, description="Test hook: rank 0's loss becomes NaN at these steps.")
+    debug_loss_scale_steps: dict[int, float] = Field(
+        default_factory=dict, description="Test hook: rank 0's loss is multiplied by the factor at these steps "
+                                          "(before the spike check), e.g. {\"12\": 50.0}.")
+
+    @field_validator("model")
+    @classmethod
+    def _preset_default(cls, value: dict) -> dict:
+        return {"preset": DEFAULT_PRESET, **value}
+
+    @field_validator("debug_loss_scale_steps")
+    @classmethod
+    def _finite_factors(cls, value: dict[int, float]) -> dict[int, float]:
+        bad = {step: f for step, f in value.items() if not (math.isfinite(f) and f > 0)}
+        if bad:
+            raise ValueError(f"factors must be finite and > 0, got {bad}")
+        return value
+
+    @model_validator(mode="after")
+    def _spike_history_fits_window(self) -> "RunConfig":
+        if self.spike_min_history > self.spike_window:
+            raise ValueError(f"spike_min_history ({self.spike_min_history}) must be <= spike_window "
+                             f"({self.spike_window})")
+        return self
+
+    @property
+    def spike_enabled(self) -> bool:
+        return self.spike_k is not None and self.spike_k > 0
+
+
+def _format_errors(error: ValidationError) -> str:
+    lines = ["invalid run config:"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"  - {field}: unknown run config key")
         else:
-            merged[key] = copy.deepcopy(value)
-    return merged
+            got = f" (got {item['input']!r})" if not isinstance(item.get("input"), dict) else ""
+            lines.append(f"  - {field}: {item['msg'].removeprefix('Value error, ')}{got}")
+    return "\n".join(lines)
 
 
 def resolve_run_config(config: dict | str | Path) -> dict:
-    """Defaults filled in, unknown keys rejected (a typo must not silently train with a default)."""
+    """run.json validated, with defaults filled in, as a plain dict (what train.py and the logs use).
+
+    Raises ValueError naming each bad field.
+    """
     if not isinstance(config, dict):
         config = json.loads(Path(config).read_text())
-    unknown = set(config) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown run config keys: {sorted(unknown)}")
-    unknown_mlflow = set(config.get("mlflow") or {}) - set(DEFAULTS["mlflow"])
-    if unknown_mlflow:
-        raise ValueError(f"unknown mlflow keys: {sorted(unknown_mlflow)}")
-    cfg = _deep_merge(DEFAULTS, config)
-    missing = [k for k in REQUIRED if not cfg.get(k)]
-    if missing:
-        raise ValueError(f"run config needs {missing}")
-    for key in ("train_steps", "micro_batch_size", "grad_accum_steps", "checkpoint_every", "keep_last",
-                "max_consecutive_skips", "log_every"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
-            raise ValueError(f"{key} must be a positive integer, got {cfg[key]!r}")
-    if not 0.0 <= cfg["min_lr_ratio"] <= 1.0:
-        raise ValueError(f"min_lr_ratio must be in [0, 1], got {cfg['min_lr_ratio']}")
-    if cfg["warmup_steps"] < 0:
-        raise ValueError("warmup_steps must be >= 0")
-    if not cfg["mlflow"]["system_metrics_interval_s"] > 0:
-        raise ValueError("mlflow.system_metrics_interval_s must be > 0")
-    if not isinstance(cfg["data_versions"], dict):
-        raise ValueError("data_versions must map input names to data versions")
-    return cfg
+    try:
+        return RunConfig.model_validate(config).model_dump(mode="python")
+    except ValidationError as error:
+        raise ValueError(_format_errors(error)) from None
 
 
 def resolve_model_config(cfg: dict) -> ModelConfig:
@@ -117,6 +167,16 @@ def _tokenizer_bos_id(tokenizer_dir: Path) -> int | None:
 
     bos = spm.SentencePieceProcessor(model_file=str(model_file)).bos_id()
     return bos if bos >= 0 else None
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
 
 
 # Keys the training loop derives from run.json; a different value under "deepspeed" would make

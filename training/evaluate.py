@@ -26,14 +26,16 @@ Cloze accuracy (LAMBADA-style, built automatically and deterministically from he
      pass, the argmax at each target position is that target token; one pass per item is used.
      Accuracy = exact matches / items; the summed target log-probability is kept as well.
 
-Samples and lm-evaluation-harness runs use the exported `LlamaForCausalLM` (transformers) with
-the export's SentencePiece model; contexts get EOS in front for the same reason as cloze items.
+Samples use the exported `LlamaForCausalLM` (transformers) with the export's SentencePiece model;
+prompts get EOS in front for the same reason as cloze items. lm-evaluation-harness runs its own
+`hf` model on the export folder (which carries the Hugging Face tokenizer), see run_lm_eval.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import math
 import os
 import re
@@ -295,76 +297,16 @@ def lm_eval_version() -> str | None:
         return "unknown"
 
 
-def _kiln_lm_class():
-    """An lm_eval `LM` over the HF export and its SentencePiece model.
-
-    lm_eval's own HFLM needs a transformers tokenizer; transformers cannot rebuild Kiln's
-    (byte-fallback BPE without a dummy prefix) from tokenizer.model, so this adapter tokenizes
-    with SentencePiece itself and scores with the HF model.
-    """
-    from lm_eval.api.model import LM
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-
-    class KilnHFLM(LM):
-        def __init__(self, model, sp):
-            super().__init__()
-            self.model, self.sp = model, sp
-            self.eos_id = model.config.eos_token_id
-            self.pad_id = sp.pad_id() if sp.pad_id() >= 0 else self.eos_id
-            self.max_length = model.config.max_position_embeddings
-
-        @torch.no_grad()
-        def _score(self, context_ids: list[int], continuation_ids: list[int]) -> tuple[float, bool]:
-            ids = (context_ids + continuation_ids)[-(self.max_length + 1):]
-            n = min(len(continuation_ids), len(ids) - 1)
-            logprobs = torch.log_softmax(self.model(torch.tensor([ids[:-1]])).logits.float(), dim=-1)[0, -n:]
-            target = torch.tensor(ids[-n:])
-            return (float(logprobs.gather(1, target[:, None]).double().sum()),
-                    bool((logprobs.argmax(-1) == target).all()))
-
-        def loglikelihood(self, requests) -> list[tuple[float, bool]]:
-            out = []
-            for request in requests:
-                context, continuation = request.args
-                # As HFLM does: trailing spaces of the context belong to the continuation.
-                spaces = len(context) - len(context.rstrip())
-                if spaces:
-                    context, continuation = context[:-spaces], context[-spaces:] + continuation
-                whole = self.sp.encode(context + continuation)
-                context_ids = self.sp.encode(context)
-                out.append(self._score([self.eos_id] + context_ids, whole[len(context_ids):]))
-            return out
-
-        def loglikelihood_rolling(self, requests) -> list[float]:
-            out = []
-            for request in requests:
-                (text,) = request.args
-                windows = map(make_disjoint_window, get_rolling_token_windows(
-                    token_list=self.sp.encode(text), prefix_token=self.eos_id, max_seq_len=self.max_length,
-                    context_len=1))
-                out.append(sum(self._score(list(context), list(continuation))[0] for context, continuation in windows))
-            return out
-
-        @torch.no_grad()
-        def generate_until(self, requests) -> list[str]:
-            out = []
-            for request in requests:
-                context, gen_kwargs = request.args
-                until = gen_kwargs.get("until") or []
-                until = [until] if isinstance(until, str) else list(until)
-                ids = _prompt_ids(self.sp, context, self.eos_id, self.max_length)
-                new = max(1, min(int(gen_kwargs.get("max_gen_toks", 64)), self.max_length - len(ids)))
-                input_ids = torch.tensor([ids])
-                generated = self.model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                                                max_new_tokens=new, eos_token_id=self.eos_id,
-                                                pad_token_id=self.pad_id)[0, len(ids):].tolist()
-                text, _ = _decode_until_eos(self.sp, generated, self.eos_id)
-                for stop in until:
-                    text = text.split(stop)[0]
-                out.append(text)
-            return out
-
-    return KilnHFLM
+def lm_eval_unavailable() -> str | None:
+    """Why lm_eval's `hf` model cannot run here, or None when it can."""
+    if lm_eval_version() is None:
+        return "lm_eval is not importable; install the optional extra: pip install -e '.[eval]'"
+    try:
+        import lm_eval.models.huggingface  # noqa: F401  (needs accelerate: lm_eval's [hf] extra)
+    except ImportError as error:
+        return (f"lm_eval's hf model is not importable ({error}); install the optional extra: "
+                f"pip install -e '.[eval]' (lm-eval[hf])")
+    return None
 
 
 def _prepare_lm_eval_tasks(task_dir: Path, into: Path) -> None:
@@ -397,38 +339,55 @@ def _prepare_lm_eval_tasks(task_dir: Path, into: Path) -> None:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def run_lm_eval(model, sp, task_dir: str | Path, tasks: list[str], *, limit: int | None = None,
+def run_lm_eval(export_dir: str | Path, task_dir: str | Path, tasks: list[str], *, limit: int | None = None,
                 seed: int = 0) -> dict:
-    """Run lm-evaluation-harness tasks from a local folder, offline, on the HF export.
+    """Run lm-evaluation-harness tasks from a local folder, offline, on the HF export, through
+    lm_eval's own `hf` model (`pretrained=<export_dir>`), as users run it.
 
-    Returns {"status": "ok", "version", "tasks": {task: {metric: value}}, "higher_is_better",
-    "samples": {task: n}} or {"status": "skipped", "reason"} when lm_eval is not importable.
+    The export holds the Hugging Face tokenizer, so lm_eval tokenizes exactly like SentencePiece.
+    One model argument beyond `pretrained`: `prefix_token_id` = EOS, the token lm_eval puts in
+    front of a text it scores from its start (rolling log-likelihood, empty contexts). Its default
+    is BOS, which Kiln's models never saw: documents are packed with EOS between them, so EOS is
+    what a document start looks like in training. The same command line works by hand:
+    `lm_eval --model hf --model_args pretrained=DIR,prefix_token_id=<eos> --include_path TASKS ...`.
+
+    Returns {"status": "ok", "version", "model_args", "tasks": {task: {metric: value}},
+    "higher_is_better", "samples": {task: n}} or {"status": "skipped", "reason"} when lm_eval
+    (with its hf model) is not importable.
     """
     # Offline before the first import of datasets / huggingface_hub: task data are local files.
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["HF_HUB_OFFLINE"] = "1"
-    version = lm_eval_version()
-    if version is None:
-        return {"status": "skipped",
-                "reason": "lm_eval is not importable; install the optional extra: pip install -e '.[eval]'"}
+    reason = lm_eval_unavailable()
+    if reason is not None:
+        return {"status": "skipped", "reason": reason}
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    task_dir = Path(task_dir)
+    export_dir, task_dir = Path(export_dir).resolve(), Path(task_dir)
     if not task_dir.is_dir():
         raise FileNotFoundError(f"lm_eval task folder {task_dir} does not exist")
+    if not (export_dir / "tokenizer.json").exists():
+        return {"status": "skipped", "reason": f"{export_dir} has no Hugging Face tokenizer (tokenizer.json): its "
+                                               "tokenizer artifact has no hf/ folder (transformers was missing)"}
+    eos_id = json.loads((export_dir / "config.json").read_text()).get("eos_token_id")
+    # fp32 on CPU with batch size 1, like the rest of the evaluation: no padding, the same numbers every run.
+    model_args = {"pretrained": str(export_dir), "dtype": "float32", "device": "cpu", "batch_size": 1,
+                  **({"prefix_token_id": eos_id} if eos_id is not None else {})}
     with tempfile.TemporaryDirectory(prefix="kiln-lm-eval-") as tmp:
         _prepare_lm_eval_tasks(task_dir, Path(tmp) / "tasks")
         manager = TaskManager(include_path=str(Path(tmp) / "tasks"), include_defaults=False)
         output = lm_eval.simple_evaluate(
-            model=_kiln_lm_class()(model, sp), tasks=list(tasks), task_manager=manager, limit=limit,
+            model="hf", model_args=model_args, tasks=list(tasks), task_manager=manager, limit=limit,
             random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
             bootstrap_iters=0, log_samples=False,
         )
     results, higher = output["results"], output.get("higher_is_better", {})
     return {
         "status": "ok",
-        "version": version,
+        "version": lm_eval_version(),
+        "model": "hf",
+        "model_args": {k: v for k, v in model_args.items() if k != "pretrained"},
         "tasks": {
             task: {key.split(",")[0]: value for key, value in sorted(values.items())
                    if key.split(",")[0] in higher.get(task, {}) and isinstance(value, (int, float))}
@@ -491,7 +450,7 @@ def evaluate_checkpoint(export_dir: str | Path, mixed_shards_dir: str | Path,
                                           seed=seed, temperature=sample_temperature, top_k=sample_top_k)
     if lm_eval_task_dir and lm_eval_tasks:
         log(f"running lm_eval tasks {list(lm_eval_tasks)} from {lm_eval_task_dir}")
-        metrics["lm_eval"] = run_lm_eval(hf_model, hf_sp, lm_eval_task_dir, list(lm_eval_tasks),
+        metrics["lm_eval"] = run_lm_eval(export_dir, lm_eval_task_dir, list(lm_eval_tasks),
                                          limit=lm_eval_limit, seed=seed)
     else:
         metrics["lm_eval"] = {"status": "skipped",

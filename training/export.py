@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from training.model import KilnLM, ModelConfig
 
 EMBED = "model.embed_tokens.weight"
+HF_TOKENIZER_DIR = "hf"  # the tokenizer asset's Hugging Face tokenizer (engine/tokenizer.py)
 LM_HEAD = "lm_head.weight"
 
 
@@ -105,10 +106,32 @@ def _checked_export_tensors(state_dict: dict[str, torch.Tensor], cfg: ModelConfi
     return {n: state_dict[n].detach().to(torch.float32).contiguous().clone() for n in names}
 
 
+def copy_tokenizer(tokenizer_dir: str | Path, export_dir: str | Path) -> list[str]:
+    """The tokenizer folder's `tokenizer.model` and, when it has one, its Hugging Face tokenizer
+    (`hf/`: tokenizer.json, tokenizer_config.json, special_tokens_map.json) into export_dir, so
+    `AutoTokenizer.from_pretrained(export_dir)` encodes exactly like SentencePiece. Returns the names."""
+    tokenizer_dir, export_dir = Path(tokenizer_dir), Path(export_dir)
+    source = tokenizer_dir / "tokenizer.model"
+    if not source.exists():
+        raise FileNotFoundError(f"no tokenizer.model in {tokenizer_dir}")
+    copied = {"tokenizer.model": source}
+    hf_dir = tokenizer_dir / HF_TOKENIZER_DIR
+    if hf_dir.is_dir():
+        for path in sorted(hf_dir.iterdir()):
+            if path.name == "config.json":  # the model's config.json is ours; never let a tokenizer file replace it
+                continue
+            if path.is_file():
+                copied[path.name] = path
+    for name, path in copied.items():
+        shutil.copyfile(path, export_dir / name)
+    return sorted(copied)
+
+
 def save_export(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, export_dir: str | Path,
                 tokenizer_dir: str | Path | None = None, filename: str = "model.safetensors",
-                metadata: dict[str, str] | None = None) -> Path:
-    """Write `filename` (+ config.json, tokenizer.model) into export_dir; returns the weights path."""
+                metadata: dict | None = None) -> Path:
+    """Write `filename`, config.json, the tokenizer (copy_tokenizer) and export_meta.json (`metadata`)
+    into export_dir; returns the weights path."""
     export_dir = Path(export_dir)
     export_dir.mkdir(parents=True, exist_ok=True)
     tensors = _checked_export_tensors(state_dict, cfg)
@@ -121,16 +144,13 @@ def save_export(state_dict: dict[str, torch.Tensor], cfg: ModelConfig, export_di
         (export_dir / "export_meta.json").write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
     (export_dir / "config.json").write_text(json.dumps(hf_config(cfg), indent=2) + "\n")
     if tokenizer_dir is not None:
-        source = Path(tokenizer_dir) / "tokenizer.model"
-        if not source.exists():
-            raise FileNotFoundError(f"no tokenizer.model in {tokenizer_dir}")
-        shutil.copyfile(source, export_dir / "tokenizer.model")
+        copy_tokenizer(tokenizer_dir, export_dir)
     return path
 
 
 def export_checkpoint(ckpt_dir: str | Path, export_dir: str | Path, cfg: ModelConfig,
                       tag: str | None = None, tokenizer_dir: str | Path | None = None,
-                      metadata: dict[str, str] | None = None) -> Path:
+                      metadata: dict | None = None) -> Path:
     """Consolidate ZeRO shards of `ckpt_dir/<tag>` (default: the `latest` tag) into export_dir."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 

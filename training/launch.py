@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from training.config import resolve_run_config
+from training.config import resolve_model_config, resolve_run_config
 
 TRAIN_SCRIPT = Path(__file__).resolve().parent / "train.py"
 REPO_ROOT = TRAIN_SCRIPT.parents[1]
@@ -71,34 +71,80 @@ def read_hostfile(path: str | Path) -> dict[str, int]:
     return hosts
 
 
-def placement(num_gpus: int, num_nodes: int, hostfile: str | Path | None) -> dict[str, int]:
-    """{host: ranks} the launcher will start: the first num_nodes hosts, num_gpus ranks on each."""
+CPU_RANKS = 2  # without a GPU: the smallest world in which ZeRO-3 really partitions
+
+
+def visible_gpus(env: dict[str, str]) -> list[str] | None:
+    """The device ids CUDA_VISIBLE_DEVICES lists, or None when it is not set."""
+    value = env.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def placement(num_gpus: int | None, num_nodes: int, hostfile: str | Path | None,
+              local_devices: int = CPU_RANKS) -> dict[str, int]:
+    """{host: ranks} the launcher will start: the first num_nodes hosts, num_gpus ranks on each
+    (None: every slot of each host, or `local_devices` on this machine)."""
     if hostfile is None:
         if num_nodes != 1:
             raise ValueError(f"num_nodes={num_nodes} needs a hostfile naming the nodes")
-        return {"localhost": num_gpus}
+        return {"localhost": local_devices if num_gpus is None else num_gpus}
     hosts = read_hostfile(hostfile)
     if len(hosts) < num_nodes:
         raise ValueError(f"num_nodes={num_nodes} but {hostfile} lists {len(hosts)} hosts")
     chosen = dict(list(hosts.items())[:num_nodes])
+    if num_gpus is None:
+        return chosen
     short = [f"{host} (slots={slots})" for host, slots in chosen.items() if slots < num_gpus]
     if short:
         raise ValueError(f"num_gpus={num_gpus} ranks per node, but {', '.join(short)} has fewer slots")
     return {host: num_gpus for host in chosen}
 
 
-def build_command(config_path: str | Path, num_gpus: int = 2, num_nodes: int = 1,
-                  hostfile: str | Path | None = None, master_port: int | None = None) -> list[str]:
-    """The `deepspeed ... training/train.py --config run.json` command line.
+def resource_args(num_gpus: int | None, num_nodes: int, hostfile: str | Path | None, use_cpu: bool,
+                  visible: list[str] | None) -> list[str]:
+    """The launcher's rank-selection flags.
 
-    Without a hostfile the ranks rendezvous on 127.0.0.1; with one, DeepSpeed's runner reaches
-    the nodes over ssh/pdsh and the first host is the master.
+    DeepSpeed's runner honours CUDA_VISIBLE_DEVICES only when none of --num_gpus, --num_nodes,
+    --include, --exclude is given (it then turns it into --include); with --num_gpus it takes
+    GPUs 0..N-1 whatever CUDA_VISIBLE_DEVICES says, and --num_nodes beside an --include is an
+    error. So on one GPU host: nothing for "every visible GPU", --include with the first N
+    visible ids for an explicit count, --num_gpus only when CUDA_VISIBLE_DEVICES is unset. CPU
+    ranks are processes, not devices: always --num_gpus.
     """
-    cmd = _launcher() + ["--num_gpus", str(num_gpus), "--num_nodes", str(num_nodes),
-                         "--master_port", str(master_port or free_port())]
     if hostfile is not None:
-        cmd += ["--hostfile", str(hostfile)]
-    else:
+        return (["--num_gpus", str(num_gpus)] if num_gpus is not None else []) + \
+            ["--num_nodes", str(num_nodes), "--hostfile", str(hostfile)]
+    if use_cpu:
+        return ["--num_gpus", str(num_gpus or CPU_RANKS)]
+    if num_gpus is None:
+        return []
+    if visible is None:
+        return ["--num_gpus", str(num_gpus)]
+    if num_gpus > len(visible):
+        raise ValueError(f"num_gpus={num_gpus} but CUDA_VISIBLE_DEVICES lists {len(visible)} GPUs ({','.join(visible)})")
+    return ["--include", f"localhost:{','.join(visible[:num_gpus])}"]
+
+
+def build_command(config_path: str | Path, num_gpus: int | None = None, num_nodes: int = 1,
+                  hostfile: str | Path | None = None, master_port: int | None = None, *,
+                  use_cpu: bool | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """The `deepspeed ... training/train.py --config run.json` command line (see resource_args).
+
+    use_cpu defaults to "no CUDA here"; env (default: this process's) is the launcher's
+    environment, whose CUDA_VISIBLE_DEVICES decides the GPUs. Without a hostfile the ranks
+    rendezvous on 127.0.0.1; with one, DeepSpeed's runner reaches the nodes over ssh/pdsh and the
+    first host is the master.
+    """
+    if use_cpu is None:
+        import torch
+
+        use_cpu = not torch.cuda.is_available()
+    visible = visible_gpus(os.environ if env is None else env)
+    cmd = _launcher() + resource_args(num_gpus, num_nodes, hostfile, use_cpu, visible)
+    cmd += ["--master_port", str(master_port or free_port())]
+    if hostfile is None:
         cmd += ["--master_addr", "127.0.0.1"]
     return cmd + [str(TRAIN_SCRIPT), "--config", str(Path(config_path).resolve())]
 
@@ -114,7 +160,9 @@ def child_environment(use_cpu: bool) -> dict[str, str]:
 
 def shell_line(cmd: list[str], cwd: Path, env: dict[str, str]) -> str:
     """The command as one copy-pasteable shell line, with the variables Kiln sets for it."""
-    kiln_set = {k: env[k] for k in ("DS_ACCELERATOR", "PYTHONPATH", "PYTHONUNBUFFERED") if k in env}
+    # CUDA_VISIBLE_DEVICES too: it decides which GPUs a command without --num_gpus uses.
+    kiln_set = {k: env[k] for k in ("DS_ACCELERATOR", "CUDA_VISIBLE_DEVICES", "PYTHONPATH", "PYTHONUNBUFFERED")
+                if k in env}
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in kiln_set.items())
     return f"cd {shlex.quote(str(cwd))} && {assignments} {shlex.join(cmd)}"
 
@@ -136,7 +184,8 @@ def run(config: dict, out_dir: str | Path, log: Callable[[str], None] = print, *
         dry_run: bool = False, extra_env: dict[str, str] | None = None, tail_lines: int = 60) -> dict:
     """Write out_dir/run.json, run the launcher, stream its output to `log`, return result.json.
 
-    num_gpus defaults to the visible CUDA devices, or 2 CPU ranks without CUDA. dry_run writes
+    num_gpus (ranks per node) defaults to every visible GPU (CUDA_VISIBLE_DEVICES honoured), or 2
+    CPU ranks without CUDA, or each hostfile host's slots. dry_run writes
     run.json, logs the exact command and returns {"dry_run": True, "command", "shell", "placement"}
     without starting anything. extra_env is added to the child's environment (Dagster Pipes puts
     its bootstrap variables there). Raises TrainingFailed with the last `tail_lines` lines of
@@ -147,16 +196,17 @@ def run(config: dict, out_dir: str | Path, log: Callable[[str], None] = print, *
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     run_config = {**config, "out_dir": str(out_dir)}
-    resolve_run_config(run_config)  # fail here, not in N ranks
+    # Fail here, not in N ranks: the run config and the model it builds (e.g. heads that do not divide).
+    resolve_model_config(resolve_run_config(run_config))
     config_path = out_dir / "run.json"
     config_path.write_text(json.dumps(run_config, indent=2) + "\n")
 
     use_cpu = not torch.cuda.is_available()
-    if num_gpus is None:
-        num_gpus = 2 if use_cpu else torch.cuda.device_count()
-    ranks = placement(num_gpus, num_nodes, hostfile)
-    cmd = build_command(config_path, num_gpus=num_gpus, num_nodes=num_nodes, hostfile=hostfile)
     env = {**child_environment(use_cpu), **(extra_env or {})}
+    # torch.cuda.device_count() already counts only the devices CUDA_VISIBLE_DEVICES lists.
+    ranks = placement(num_gpus, num_nodes, hostfile, local_devices=CPU_RANKS if use_cpu else torch.cuda.device_count())
+    cmd = build_command(config_path, num_gpus=num_gpus, num_nodes=num_nodes, hostfile=hostfile, use_cpu=use_cpu,
+                        env=env)
     if dry_run:
         line = shell_line(cmd, out_dir, env)
         log(f"[kiln] dry run: {sum(ranks.values())} ranks on {', '.join(f'{h}:{n}' for h, n in ranks.items())}")
@@ -183,6 +233,7 @@ def run(config: dict, out_dir: str | Path, log: Callable[[str], None] = print, *
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait()
+        proc.stdout.close()
         env_file.unlink(missing_ok=True)
     if returncode != 0:
         raise TrainingFailed(f"training exited with status {returncode}; last output:\n" + "\n".join(tail))
@@ -197,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("config", help="run.json; its out_dir is where the run works")
     parser.add_argument("--dry-run", action="store_true", help="print the launcher command, run nothing")
     parser.add_argument("--num-gpus", type=int, default=None,
-                        help="ranks per node (default: visible GPUs, or 2 CPU ranks)")
+                        help="ranks per node (default: every visible GPU, 2 CPU ranks without one, "
+                             "or each hostfile host's slots)")
     parser.add_argument("--num-nodes", type=int, default=1)
     parser.add_argument("--hostfile", default=None, help="DeepSpeed hostfile for multi-node runs")
     args = parser.parse_args(argv)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 # Presets follow published shapes: 125M/350M are GPT-3-paper sizes with Llama blocks, 1B is
 # Llama-3.2-1B's shape. vocab_size is a placeholder: training overrides it with the tokenizer's.
@@ -192,11 +193,17 @@ class LlamaBody(nn.Module):
 
 
 class KilnLM(nn.Module):
-    """Causal LM. `forward(ids)` returns logits; `forward(ids, targets)` returns the mean token loss."""
+    """Causal LM. `forward(ids)` returns logits; `forward(ids, targets)` returns the mean token loss.
+
+    `activation_checkpointing = True` recomputes each decoder block in backward instead of keeping
+    its activations: torch's non-reentrant checkpoint, which works with ZeRO-3 (the recompute's
+    forward hooks gather the partitioned weights again) and gives the same gradients.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.activation_checkpointing = False
         self.model = LlamaBody(cfg)
         self.lm_head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -208,8 +215,12 @@ class KilnLM(nn.Module):
             raise ValueError(f"sequence length {t} exceeds max_seq_len {self.cfg.max_seq_len}")
         x = self.model.embed_tokens(input_ids)
         cos, sin = rope_cos_sin(t, self.cfg.head_dim, self.cfg.rope_theta, x.device, x.dtype)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.model.layers:
-            x = layer(x, cos, sin)
+            if recompute:
+                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin)
         logits = self.lm_head(self.model.norm(x))
         if targets is None:
             return logits

@@ -14,6 +14,24 @@ import os
 from pathlib import Path
 
 PIPES_CONTEXT_ENV = "DAGSTER_PIPES_CONTEXT"
+SKIP_REASONS = ("non_finite", "spike")
+
+
+def progress_line(record: dict, total_steps: int) -> str:
+    """One step as a human line (stdout, and the Dagster run's log via the asset); `record` is a
+    metrics.jsonl record, where non-finite values are None."""
+    def num(key: str, fmt: str) -> str:
+        value = record.get(key)
+        return "nan" if value is None else format(value, fmt)
+
+    line = (f"step {record['step']}/{total_steps} loss {num('loss', '.4f')} lr {num('lr', '.3g')} "
+            f"grad_norm {num('grad_norm', '.3g')} tokens/s {num('tokens_per_s', '.0f')}")
+    if record.get("skipped"):
+        line += f" SKIPPED ({record.get('skip_reason') or 'non_finite'}"
+        if record.get("skip_reason") == "spike" and record.get("spike_threshold") is not None:
+            line += f": loss above the spike threshold {record['spike_threshold']:.4f}"
+        line += ")"
+    return line
 
 
 def flatten(prefix: str, value, out: dict) -> dict:
@@ -126,17 +144,16 @@ class Rank0Reporter:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(strict, allow_nan=False) + "\n")
         if record["step"] % self.log_every == 0 or record["skipped"] or record["step"] == self.total_steps:
-            line = (f"step {record['step']}/{self.total_steps} loss {record['loss']:.4f} "
-                    f"lr {record['lr']:.3g} grad_norm {record['grad_norm']:.3g} "
-                    f"tokens/s {record['tokens_per_s']:.0f}" + (" SKIPPED" if record["skipped"] else ""))
-            print("[kiln] " + line, flush=True)
-            if self.pipes:
-                (self.pipes.log.warning if record["skipped"] else self.pipes.log.info)(line)
+            print("[kiln] " + progress_line(strict, self.total_steps), flush=True)
         if self.pipes:
+            # Every step, structured; the asset turns every log_every-th one into a line of the
+            # Dagster run's log as it arrives (assets/checkpoints.py).
             self.pipes.report_custom_message({"kind": "step", **strict})
         if self.mlflow:
             numeric = {k: float(v) for k, v in record.items()
                        if k != "step" and isinstance(v, (int, float)) and math.isfinite(float(v))}
+            # The skip reason as 0/1 series (MLflow metrics are numbers).
+            numeric.update({f"skipped_{reason}": float(record.get("skip_reason") == reason) for reason in SKIP_REASONS})
             self.mlflow.log_metrics(numeric, step=record["step"])
 
     def first_loss(self) -> float | None:

@@ -11,6 +11,7 @@ Restarting with the same out_dir resumes from the newest committed checkpoint (c
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import random
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,32 +35,64 @@ from training.config import build_deepspeed_config, lr_ratio, resolve_model_conf
 from training.data import TrainBatches, load_manifest
 from training.hardware import memory_metrics, mfu
 from training.model import build_model, weights_fingerprint
-from training.reporting import Rank0Reporter
+from training.reporting import SKIP_REASONS, Rank0Reporter
 
 DEBUG_HOLD_ENV = "KILN_DEBUG_HOLD"
 
 
 class SkipGuard:
-    """Counts consecutive skipped steps and aborts the run past a limit."""
+    """Decides which steps to skip and aborts the run after too many in a row.
 
-    def __init__(self, max_consecutive: int):
+    A step is skipped for a non-finite loss or gradient norm ("non_finite"), or for a loss spike
+    ("spike"): a micro-batch loss (the mean over ranks) above mean + k standard deviations
+    (population) of the last `window` accepted step losses, once `min_history` steps were
+    accepted. Skipped steps never enter the window, so a spike cannot raise its own threshold.
+    Every rank keeps its own guard; they agree because they see the same all-reduced losses.
+    """
+
+    def __init__(self, max_consecutive: int, spike_k: float | None = None, window: int = 100,
+                 min_history: int = 20):
         self.max_consecutive = max_consecutive
+        self.spike_k = spike_k if spike_k is not None and spike_k > 0 else None
+        self.min_history = min_history
+        self.losses: collections.deque[float] = collections.deque(maxlen=window)
         self.consecutive = 0
         self.total = 0
+        self.by_reason: dict[str, int] = {reason: 0 for reason in SKIP_REASONS}
 
-    def record(self, skipped: bool, step: int, loss: float, grad_norm: float) -> None:
-        if not skipped:
+    def spike_threshold(self) -> float | None:
+        """The loss above which a micro-batch counts as a spike now; None while the check is off."""
+        if self.spike_k is None or len(self.losses) < self.min_history:
+            return None
+        return statistics.fmean(self.losses) + self.spike_k * statistics.pstdev(self.losses)
+
+    def record(self, reason: str | None, step: int, loss: float, grad_norm: float) -> None:
+        """Account for a finished step: `reason` is None for an applied step, else why it was skipped."""
+        if reason is None:
             self.consecutive = 0
+            self.losses.append(loss)
             return
         self.consecutive += 1
         self.total += 1
+        self.by_reason[reason] += 1
         if self.consecutive > self.max_consecutive:
             raise RuntimeError(
-                f"aborting at step {step}: {self.consecutive} consecutive steps skipped for a "
-                f"non-finite loss or gradient norm (limit max_consecutive_skips={self.max_consecutive}; "
+                f"aborting at step {step}: {self.consecutive} consecutive steps skipped (last: {reason}; "
+                f"skipped so far: {self.by_reason}; limit max_consecutive_skips={self.max_consecutive}; "
                 f"last loss={loss}, grad_norm={grad_norm}). Lower lr, check the data, or resume "
                 f"from an earlier checkpoint."
             )
+
+    def state_dict(self) -> dict:
+        # Plain floats and ints: checkpoints load with weights_only=True.
+        return {"losses": list(self.losses), "consecutive": self.consecutive, "total": self.total,
+                "by_reason": dict(self.by_reason)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses.clear()
+        self.losses.extend(state["losses"])
+        self.consecutive, self.total = state["consecutive"], state["total"]
+        self.by_reason = {reason: 0 for reason in SKIP_REASONS} | state["by_reason"]
 
 
 def decay_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -86,6 +120,24 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout this file is in, or None outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
+
+
+def export_meta(cfg: dict, step: int, init_fingerprint: str) -> dict:
+    """export_meta.json: what the exported weights were trained from. Only inputs that are the same
+    on a rerun (no timings, no paths, no run ids), since the export's files make the data version."""
+    return {"step": step, "seed": cfg["seed"], "init_fingerprint": init_fingerprint,
+            "data_versions": dict(sorted(cfg["data_versions"].items())),
+            "git_commit": cfg["git_commit"] or git_commit()}
 
 
 def _free_port() -> int:
@@ -164,6 +216,8 @@ def train(config: dict | str | Path) -> dict | None:
     torch.manual_seed(cfg["seed"] + rank)
     model = build_model(model_cfg, cfg["seed"])
     init_fingerprint = weights_fingerprint(model)
+    # A run setting, not part of the model: a checkpoint resumes with it on or off.
+    model.activation_checkpointing = cfg["activation_checkpointing"]
     num_params = model_cfg.num_params()
 
     def schedule(optimizer):
@@ -180,7 +234,7 @@ def train(config: dict | str | Path) -> dict | None:
     flops_per_token = model_cfg.train_flops_per_token(data.seq_len)
 
     step, tokens_seen, prior_wall_s, run_id = 0, 0, 0.0, None
-    guard = SkipGuard(cfg["max_consecutive_skips"])
+    guard = SkipGuard(cfg["max_consecutive_skips"], cfg["spike_k"], cfg["spike_window"], cfg["spike_min_history"])
     # Every rank decides from the same files; only a committed, complete checkpoint is trusted.
     resume_tag, notes = checkpointing.resume_point(ckpt_dir, world_size)
     if rank == 0:
@@ -198,7 +252,10 @@ def train(config: dict | str | Path) -> dict | None:
                              f"this config builds {model_cfg.to_dict()}; use a new out_dir")
         step, tokens_seen, prior_wall_s = client["step"], client["tokens_seen"], client["wall_s"]
         run_id = client.get("mlflow_run_id")
-        guard.total, guard.consecutive = client["skipped_steps"], client["consecutive_skips"]
+        if "guard" in client:  # the spike window too, so a resumed run makes the same skip decisions
+            guard.load_state_dict(client["guard"])
+        else:  # a checkpoint from before the spike guard
+            guard.total, guard.consecutive = client["skipped_steps"], client["consecutive_skips"]
         data.load_state_dict(client["data_cursor"])
         set_rng_state(client["rng"])
         if rank == 0:
@@ -213,7 +270,9 @@ def train(config: dict | str | Path) -> dict | None:
             params={
                 "model": model_cfg.to_dict(), "num_params": num_params,
                 "optim": {k: cfg[k] for k in ("lr", "warmup_steps", "min_lr_ratio", "weight_decay", "betas",
-                                              "adam_eps", "grad_clip", "train_steps", "max_consecutive_skips")},
+                                              "adam_eps", "grad_clip", "train_steps")},
+                "guard": {k: cfg[k] for k in ("max_consecutive_skips", "spike_k", "spike_window", "spike_min_history")},
+                "activation_checkpointing": cfg["activation_checkpointing"],
                 "batch": {"micro_batch_size": cfg["micro_batch_size"], "grad_accum_steps": gas,
                           "tokens_per_step": tokens_per_step},
                 "data": {"mixed_shards_dir": cfg["mixed_shards_dir"], "tokenizer_dir": cfg["tokenizer_dir"],
@@ -241,7 +300,7 @@ def train(config: dict | str | Path) -> dict | None:
             "step": at_step, "tokens_seen": tokens_seen, "data_cursor": data.state_dict(),
             "rng": rng_state(), "mlflow_run_id": run_id, "model_config": model_cfg.to_dict(),
             "wall_s": prior_wall_s + (time.time() - start_time), "skipped_steps": guard.total,
-            "consecutive_skips": guard.consecutive, "init_fingerprint": init_fingerprint,
+            "consecutive_skips": guard.consecutive, "guard": guard.state_dict(), "init_fingerprint": init_fingerprint,
         }}
         # save_latest=False: DeepSpeed would write `latest` before the other ranks finish (checkpointing.py).
         engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
@@ -255,6 +314,7 @@ def train(config: dict | str | Path) -> dict | None:
         dist.barrier()
 
     nan_steps = set(cfg["debug_nan_loss_steps"])
+    loss_scale_steps = cfg["debug_loss_scale_steps"]
     start_time = time.time()
     last_saved = step if resume_tag is not None else None
     final_loss = None
@@ -265,27 +325,48 @@ def train(config: dict | str | Path) -> dict | None:
             t0 = time.time()
             skipped_before = engine.skipped_steps
             lr = engine.get_lr()[0]
-            loss_sum = torch.zeros((), device=device, dtype=torch.float32)
+            threshold = guard.spike_threshold()
+            micro_losses = []
             for _ in range(gas):
                 inputs, targets = data.next_batch()
                 loss = engine(inputs.to(device), targets.to(device))
+                if step in loss_scale_steps and rank == 0:
+                    loss = loss * loss_scale_steps[step]
                 if step in nan_steps and rank == 0:
                     loss = loss * float("nan")
-                if not torch.isfinite(loss):
-                    # Make the gradient NaN too (an inf loss can have finite gradients), so ZeRO-3's
-                    # global-norm check discards the step on every rank consistently.
-                    loss = loss * float("nan")
+                # The mean over ranks, before backward: every rank then takes the same decision.
+                mean_loss = loss.detach().float().clone()
+                dist.all_reduce(mean_loss)
+                mean_loss /= world_size
+                bad = ~torch.isfinite(mean_loss)
+                if threshold is not None:
+                    bad |= mean_loss > threshold
+                # A NaN loss makes every gradient NaN (an inf loss can have finite gradients), so
+                # ZeRO-3's global-norm check discards the step on every rank. Decided on the device,
+                # without a host sync; a factor of 1.0 leaves the loss bit-identical.
+                loss = loss * torch.where(bad, float("nan"), 1.0)
                 engine.backward(loss)
                 if hold == ("step", step) and rank == 0:
                     _hold_forever("step", step)  # the other ranks wait in a collective
                 engine.step()
-                loss_sum += loss.detach().float()
-            dist.all_reduce(loss_sum)
-            step_loss = float(loss_sum) / (gas * world_size)
+                micro_losses.append(mean_loss)
+            values = torch.stack(micro_losses).tolist()
+            step_loss = math.fsum(values) / gas
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-            skipped = (engine.skipped_steps > skipped_before or not math.isfinite(step_loss)
-                       or not math.isfinite(grad_norm))
+            reason = None  # why Kiln poisoned the loss, the same on every rank
+            if not all(math.isfinite(v) for v in values):
+                reason = "non_finite"
+            elif threshold is not None and any(v > threshold for v in values):
+                reason = "spike"
+            if reason is not None and engine.skipped_steps == skipped_before:
+                raise RuntimeError(f"step {step}: Kiln skipped it ({reason}) but DeepSpeed applied the update")
+            if reason is None and (engine.skipped_steps > skipped_before or not math.isfinite(grad_norm)):
+                reason = "non_finite"  # finite loss, but DeepSpeed found non-finite gradients
+            skipped = reason is not None
+            if skipped:
+                print(f"[kiln] rank {rank}: step {step} skipped ({reason}; loss {step_loss:.6g}"
+                      + (f", spike threshold {threshold:.6g}" if threshold is not None else "") + ")", flush=True)
             tokens_seen += tokens_per_step
             step_s = time.time() - t0
             if not skipped:
@@ -295,14 +376,15 @@ def train(config: dict | str | Path) -> dict | None:
                 record = {
                     "step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
                     "tokens": tokens_seen, "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
-                    "flops_per_s": flops_per_s, "skipped": skipped, "skipped_steps": guard.total + skipped,
+                    "flops_per_s": flops_per_s, "skipped": skipped, "skip_reason": reason,
+                    "skipped_steps": guard.total + skipped, "spike_threshold": threshold,
                     **memory_metrics(on_gpu),
                 }
                 utilisation = mfu(flops_per_s, world_size, gpu_name, use_bf16)
                 if utilisation is not None:
                     record["mfu"] = utilisation
                 reporter.step(record)
-            guard.record(skipped, step, step_loss, grad_norm)
+            guard.record(reason, step, step_loss, grad_norm)
             if step % cfg["checkpoint_every"] == 0:
                 save(step)
                 last_saved = step
@@ -319,8 +401,7 @@ def train(config: dict | str | Path) -> dict | None:
             export_dir = out_dir / "export"
             export_checkpoint(ckpt_dir, export_dir, model_cfg, tag=checkpointing.tag_for(step),
                               tokenizer_dir=cfg.get("tokenizer_dir"),
-                              metadata={"step": str(step), "seed": str(cfg["seed"]),
-                                        "init_fingerprint": init_fingerprint})
+                              metadata=export_meta(cfg, step, init_fingerprint))
         if final_loss is None:  # resumed at or past train_steps: take it from the log
             final_loss = reporter.last_loss()
         records = [json.loads(line) for line in reporter.metrics_path.read_text().splitlines()]
@@ -341,6 +422,7 @@ def train(config: dict | str | Path) -> dict | None:
             "mlflow_experiment_id": reporter.experiment_id,
             "params": num_params,
             "skipped_steps": guard.total,
+            **{f"skipped_{reason}": count for reason, count in guard.by_reason.items()},
             "world_size": world_size,
             "device": gpu_name or "cpu",
             "median_step_s": median("step_s"),

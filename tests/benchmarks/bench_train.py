@@ -1,6 +1,15 @@
 """Training step benchmark: Kiln's DeepSpeed ZeRO-3 step against a plain PyTorch loop.
 
     python tests/benchmarks/bench_train.py [--quick] [--ranks N] [--steps N] [--preset tiny]
+    python tests/benchmarks/bench_train.py --shards .kiln/storage/mixed_shards/all/<version>  # real data
+    python tests/benchmarks/bench_train.py --gpu --shards DIR   # 350M preset, bf16, 1 GPU: tokens/s and MFU
+
+--shards trains on a published `mixed_shards` folder (its train.bin, seq_len and vocabulary)
+instead of random tokens. --gpu is the GPU measurement of the Training issue: the 350M preset,
+bf16 (Kiln's choice on any GPU that supports it; the plain loop autocasts to bf16), one rank
+unless --ranks, seq_len 2048 for random tokens (real shards bring their own), micro-batch 8,
+30 steps; it refuses to run without CUDA. tokens_per_s and mfu are Kiln's, against
+training.hardware's table of dense bf16 peaks; plain_tokens_per_s and plain_mfu the plain loop's.
 
 Both sides train the same model (training.model.build_model, same config and seed) on the
 same token sequences: step i of the plain loop is the concatenation of what every Kiln rank
@@ -94,6 +103,7 @@ def plain_steps(cfg: dict, ranks: int) -> list[dict]:
     model_cfg = resolve_model_config(cfg)
     torch.manual_seed(cfg["seed"])
     model = build_model(model_cfg, cfg["seed"]).to(device)
+    model.activation_checkpointing = cfg["activation_checkpointing"]
     model.train()
     optimizer = torch.optim.AdamW(decay_param_groups(model, cfg["weight_decay"]), lr=cfg["lr"],
                                   betas=tuple(cfg["betas"]), eps=cfg["adam_eps"])
@@ -140,9 +150,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 rank without the launcher, few steps")
     parser.add_argument("--ranks", type=int, default=None, help="Kiln ranks (default: 2 CPU ranks or every GPU)")
     parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--preset", default=None, help="model preset (default: tiny, or 350M with --gpu)")
     parser.add_argument("--micro-batch", type=int, default=8)
-    parser.add_argument("--seq-len", type=int, default=None)
+    parser.add_argument("--seq-len", type=int, default=None, help="random tokens only (real shards have theirs)")
+    parser.add_argument("--shards", type=Path, default=None,
+                        help="a mixed_shards artifact folder (manifest.json, train.bin) to train on")
+    parser.add_argument("--gpu", action="store_true",
+                        help="GPU measurement: 350M preset in bf16, 1 rank, tokens_per_s and mfu (needs CUDA)")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute decoder blocks in backward (both sides)")
     parser.add_argument("--plain-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
@@ -154,18 +170,34 @@ def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     on_gpu = torch.cuda.is_available()
-    ranks = 1 if args.quick else (args.ranks or (torch.cuda.device_count() if on_gpu else 2))
+    if args.gpu and not on_gpu:
+        sys.exit("--gpu needs CUDA: torch.cuda.is_available() is False here")
+    if args.shards is not None and args.seq_len is not None:
+        sys.exit("--seq-len applies to random tokens only: the shards' manifest fixes seq_len")
+    preset = args.preset or ("350M" if args.gpu else "tiny")
+    default_ranks = 1 if args.gpu else (torch.cuda.device_count() if on_gpu else 2)
+    ranks = 1 if args.quick else (args.ranks or default_ranks)
     steps = args.steps or (8 if args.quick else 30)
     warmup = 3
-    seq_len = args.seq_len or (128 if args.quick else 256)
-    vocab = 4096
+    if args.gpu:
+        seq_len = args.seq_len or 2048  # the presets' context length
+    else:
+        seq_len = args.seq_len or (128 if args.quick else 256)
+    vocab = 32000 if args.gpu else 4096  # a Llama-size vocabulary for the GPU figure
     with tempfile.TemporaryDirectory(prefix="bench_train-") as tmp:
         tmp = Path(tmp)
-        sequences = steps * args.micro_batch * ranks + args.micro_batch * ranks
-        shards = write_shards(tmp / "mixed", vocab, seq_len, sequences)
-        config = {"model": {"preset": args.preset}, "mixed_shards_dir": str(shards), "seed": 0,
+        if args.shards is not None:
+            shards = args.shards.resolve()
+            manifest = json.loads((shards / "manifest.json").read_text())
+            seq_len, vocab = int(manifest["seq_len"]), int(manifest["vocab_size"])
+        else:
+            sequences = steps * args.micro_batch * ranks + args.micro_batch * ranks
+            shards = write_shards(tmp / "mixed", vocab, seq_len, sequences)
+        # log_every and checkpoint_every past the last step: no progress lines, one final save.
+        config = {"model": {"preset": preset}, "mixed_shards_dir": str(shards), "seed": 0,
                   "train_steps": steps, "micro_batch_size": args.micro_batch, "lr": 1e-3, "warmup_steps": 2,
-                  "checkpoint_every": 10**9, "keep_last": 1, "log_every": 10**9, "export": False}
+                  "checkpoint_every": steps + 1, "keep_last": 1, "log_every": steps + 1, "export": False,
+                  "activation_checkpointing": args.activation_checkpointing}
         cfg = resolve_run_config({**config, "out_dir": str(tmp / "kiln")})
         load_before = os.getloadavg()[0]
         # One process: the plain loop gets every core (Kiln's ranks split them). It runs before and
@@ -175,6 +207,8 @@ def main() -> None:
         plain_after = plain_steps_in_subprocess(cfg, ranks)
         load_after = os.getloadavg()[0]
         model_cfg = resolve_model_config(cfg)
+        # What Kiln actually ran in (bf16 where the GPU supports it): MFU is only defined against a bf16 peak.
+        kiln_bf16 = json.loads((tmp / "kiln" / "ds_config.json").read_text())["bf16"]["enabled"]
 
     plain = plain_after  # same data and math both times: the loss curve is compared from one
     kiln_step_s = median_step_s(kiln, warmup)
@@ -183,7 +217,7 @@ def main() -> None:
     flops_per_step = model_cfg.train_flops_per_token(seq_len) * tokens_per_step
     diffs = [abs(a["loss"] - b["loss"]) for a, b in zip(kiln, plain) if a["loss"] is not None]
     device = torch.cuda.get_device_name(0) if on_gpu else f"cpu ({os.cpu_count()} cores)"
-    print(f"device {device}; preset {args.preset} ({model_cfg.num_params() / 1e6:.2f}M params), "
+    print(f"device {device}; preset {preset} ({model_cfg.num_params() / 1e6:.2f}M params), "
           f"{ranks} Kiln rank(s), {tokens_per_step} tokens/step, {steps} steps (median after {warmup})")
     print(f"kiln  ZeRO-3 step {kiln_step_s * 1e3:8.1f} ms  ({tokens_per_step / kiln_step_s:,.0f} tokens/s, "
           f"{flops_per_step / kiln_step_s / 1e9:,.1f} GFLOP/s; whole launch {kiln_wall:.1f} s)")
@@ -192,7 +226,10 @@ def main() -> None:
     summary = {
         "benchmark": "bench_train",
         "device": device,
-        "preset": args.preset,
+        "preset": preset,
+        "data": str(args.shards) if args.shards is not None else "random tokens",
+        "seq_len": seq_len,
+        "activation_checkpointing": args.activation_checkpointing,
         "ranks": ranks,
         "launcher": not args.quick,
         "steps": steps,
@@ -212,9 +249,11 @@ def main() -> None:
     if on_gpu:
         summary["tokens_per_s"] = round(tokens_per_step / kiln_step_s)
         summary["plain_tokens_per_s"] = round(tokens_per_step / plain_step_s)
-        kiln_mfu = mfu(flops_per_step / kiln_step_s, ranks, torch.cuda.get_device_name(0), bf16=True)
+        kiln_mfu = mfu(flops_per_step / kiln_step_s, ranks, torch.cuda.get_device_name(0), bf16=kiln_bf16)
         plain_mfu = mfu(flops_per_step / plain_step_s, 1, torch.cuda.get_device_name(0), bf16=True)
         summary["mfu"] = round(kiln_mfu, 4) if kiln_mfu is not None else None
+        summary["bf16"] = kiln_bf16
+        summary["peak_cuda_allocated_gib"] = round(max(r.get("cuda_max_allocated_bytes") or 0 for r in kiln) / 2**30, 2)
         summary["plain_mfu"] = round(plain_mfu, 4) if plain_mfu is not None else None
     print(json.dumps(summary))
 
