@@ -1,7 +1,8 @@
 """The pipeline config: one checked-in YAML file, one typed schema.
 
 Each stage owns one section. A stage's Dagster `code_version` includes the hash of its own
-section, so editing a filter threshold marks `filtered` changed and nothing upstream.
+section and of the contents of the files it names (SECTION_FILE_FIELDS), so editing a filter
+threshold or an eval set marks that stage changed and nothing upstream.
 Engine sections (filters, dedup, tokenizer, mix) are defined beside the engine code they
 configure and composed here.
 """
@@ -12,7 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -28,16 +29,16 @@ DEFAULT_CONFIG_PATH = REPO_ROOT / "workflows" / "pipeline.yaml"
 # Bump a stage's entry when its code changes in a way that changes its output.
 STAGE_CODE_VERSIONS = {
     "raw_crawl": "1",
-    "documents": "1",
+    "documents": "2",  # 2: unique doc_ids (id-less records keyed by URL + payload), resync after a bad first member
     "quality_classifier": "1",
-    "quality_signals": "2",  # 2: one output file per documents file, not per core
-    "filtered": "1",
+    "quality_signals": "3",  # 2: one output file per documents file, not per core; 3: c4_lines, FineWeb's C4 page signals
+    "filtered": "2",  # 2: C4 line removal on the kept text, `detail` in the rejection table
     "deduplicated": "1",
-    "tokenizer": "3",  # 2: training_manifest.json, hf/ export; 3: unigram hf/ export
-    "tokenized": "2",  # 2: shard = blake2b(doc_id) % num_shards, keys-only sort
-    "mixed_shards": "1",
-    "checkpoints": "1",
-    "eval_report": "1",
+    "tokenizer": "4",  # 2: manifest, hf/ export; 3: unigram hf/ export; 4: seeded sample, hf/ byte_fallback
+    "tokenized": "3",  # 2: shard = blake2b(doc_id) % num_shards, keys-only sort; 3: a doc index beside each shard
+    "mixed_shards": "2",  # 2: per-eval-set removed/flagged counts in the decontam report
+    "checkpoints": "2",  # 2: export carries the HF tokenizer, export_meta.json lineage; spike guard
+    "eval_report": "2",  # 2: lm_eval through its own hf model on the export
 }
 
 
@@ -211,12 +212,40 @@ class DocumentsConfig(Section):
 
 class ClassifierConfig(Section):
     positive_buckets: list[str] = Field(
-        default_factory=lambda: ["reference"], description="Buckets whose documents are reference-quality text."
+        default_factory=lambda: ["reference"],
+        description="Buckets whose crawled documents are reference-quality text ([] with reference_paths: "
+        "the external corpus alone).",
+    )
+    reference_paths: list[str] = Field(
+        default_factory=list,
+        description="External reference corpus, used with the positive_buckets' documents: text or JSONL files, or "
+        "folders searched recursively for reference_patterns (relative to the repo or absolute).",
+    )
+    reference_field: str = Field("text", min_length=1, description="Field holding the text in JSONL reference files.")
+    reference_patterns: list[str] = Field(
+        default_factory=lambda: ["*.txt", "*.jsonl", "*.txt.gz", "*.jsonl.gz"], min_length=1,
+        description="File-name patterns taken from reference folders; .jsonl(.gz) is one document per line, "
+        "anything else plain text.",
+    )
+    reference_exclude: list[str] = Field(
+        default_factory=lambda: ["SOURCE*", "README*", "LICENSE*"],
+        description="File-name patterns skipped in reference folders (provenance notes, not reference text).",
+    )
+    reference_passage_chars: int = Field(
+        2000, ge=200, le=100_000,
+        description="Plain-text reference files are cut at paragraph breaks into passages of about this many "
+        "characters, near a web page's length: a book becomes many training examples.",
     )
     max_docs_per_class: int = Field(5000, ge=10, description="Cap on training documents per class.")
     epoch: int = Field(20, ge=1, le=500, description="fastText training epochs.")
     holdout: float = Field(0.2, gt=0, lt=1, description="Fraction of documents held out to report accuracy.")
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _has_positives(self) -> "ClassifierConfig":
+        if not self.positive_buckets and not self.reference_paths:
+            raise ValueError("positive_buckets and reference_paths are both empty: the classifier has no reference text")
+        return self
 
 
 class SignalsConfig(Section):
@@ -234,23 +263,80 @@ class TokenizedConfig(Section):
     num_shards: int = Field(2, ge=1, le=4096, description="Token shards written per snapshot.")
 
 
+class TrainingModelConfig(Section):
+    """Overrides of the preset's shape; null keeps the preset's value (vocabulary and context length
+    come from the mixed_shards data, BOS from the tokenizer)."""
+
+    dim: int | None = Field(None, ge=8, description="Model width.")
+    n_layers: int | None = Field(None, ge=1, description="Decoder blocks.")
+    n_heads: int | None = Field(None, ge=1, description="Attention (query) heads; dim must be a multiple.")
+    n_kv_heads: int | None = Field(None, ge=1, description="Key/value heads (GQA); must divide n_heads.")
+    hidden_dim: int | None = Field(None, ge=1, description="SwiGLU width.")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base.")
+    norm_eps: float | None = Field(None, gt=0, description="RMSNorm epsilon.")
+    tie_embeddings: bool | None = Field(None, description="Share the input embedding and the output head.")
+    init_std: float | None = Field(None, gt=0, description="Standard deviation of the initial weights.")
+
+    @model_validator(mode="after")
+    def _heads_fit(self) -> "TrainingModelConfig":
+        if self.n_heads and self.n_kv_heads and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        return self
+
+
 class TrainingConfig(Section):
-    preset: Literal["tiny", "125M", "350M", "1B"] = "tiny"
+    preset: Literal["tiny", "125M", "350M", "1B"] = Field("tiny", description="Model size preset.")
+    model: TrainingModelConfig = Field(default_factory=TrainingModelConfig,
+                                       description="Overrides of the preset (e.g. n_kv_heads for GQA, tie_embeddings).")
     steps: int = Field(150, ge=1, description="Optimizer steps.")
     micro_batch_size: int = Field(8, ge=1, description="Sequences per rank per micro step.")
-    grad_accum: int = Field(1, ge=1)
-    lr: float = Field(3e-3, gt=0, le=1)
-    warmup_steps: int = Field(15, ge=0)
+    grad_accum: int = Field(1, ge=1, description="Micro steps per optimizer step.")
+    lr: float = Field(3e-3, gt=0, le=1, description="Peak learning rate.")
+    warmup_steps: int = Field(15, ge=0, description="Linear warmup steps before the cosine decay.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr.")
-    weight_decay: float = Field(0.01, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    checkpoint_every: int = Field(50, ge=1)
-    keep_last: int = Field(2, ge=1)
-    num_gpus: int = Field(2, ge=1, description="Ranks per node (CPU processes when there is no GPU).")
-    num_nodes: int = Field(1, ge=1)
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (matrices only).")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1).")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clipping threshold.")
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each decoder block in backward: less activation memory, ~1 more forward pass.")
+    checkpoint_every: int = Field(50, ge=1, description="Checkpoint cadence in steps (the final step is saved too).")
+    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept.")
+    max_consecutive_skips: int = Field(
+        5, ge=1, description="Abort after more consecutive skipped steps (non-finite loss/gradient or loss spike).")
+    spike_k: float | None = Field(
+        6.0, description="Skip a step whose loss exceeds mean + spike_k standard deviations of the last spike_window "
+                         "accepted step losses; null or <= 0 disables the spike check.")
+    spike_window: int = Field(100, ge=2, description="Accepted step losses the spike statistics are taken over.")
+    spike_min_history: int = Field(20, ge=2, description="Accepted steps before the spike check is active.")
+    log_every: int = Field(10, ge=1, description="A progress line in the Dagster run (and stdout) every N steps; "
+                                                 "skipped steps always get one. MLflow gets every step.")
+    system_metrics_interval_s: float = Field(10.0, gt=0, description="Seconds between MLflow system metric samples.")
+    deepspeed: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Merged over the generated DeepSpeed config (ZeRO-3); keys that repeat a setting above must "
+                    "agree with it, e.g. {zero_optimization: {stage3_param_persistence_threshold: 0}}.")
+    num_gpus: int | None = Field(
+        None, ge=1, description="Ranks per node; null: every visible GPU (CUDA_VISIBLE_DEVICES honoured), 2 CPU "
+                                "processes without a GPU, or each hostfile host's slots.")
+    num_nodes: int = Field(1, ge=1, description="Nodes (more than 1 needs hostfile).")
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs.")
-    seed: int = 0
+    seed: int = Field(0, description="Seed of the initial weights and of the data order.")
     dry_run: bool = Field(False, description="Log the exact launcher command and materialize nothing.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_unit_interval(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in value):
+            raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _spike_history_fits_window(self) -> "TrainingConfig":
+        if self.spike_min_history > self.spike_window:
+            raise ValueError(f"spike_min_history ({self.spike_min_history}) must be <= spike_window "
+                             f"({self.spike_window})")
+        return self
 
 
 class EvaluationConfig(Section):
@@ -390,6 +476,18 @@ STAGE_SECTIONS = {
     "eval_report": ["evaluation"],
 }
 
+# Config fields that name files (or folders) whose contents shape a stage's output, per section, as
+# dotted paths into the section; a list is walked item by item (every eval set's `path`). Their
+# sha256 goes into the stage's code_version beside the section text, so editing an eval set or a
+# word list marks that stage changed, and a missing file fails at config load with its field named.
+# (training.hostfile is left out on purpose: which hosts run a job is deployment, not data.)
+SECTION_FILE_FIELDS = {
+    "quality_classifier": ["reference_paths"],
+    "quality_signals": ["lid_model_path", "badword_paths"],
+    "mix": ["decontam.eval_sets.path"],
+    "evaluation": ["lm_eval_task_dir"],
+}
+
 
 class ConfigError(ValueError):
     """An invalid pipeline config; the message names each bad field and what is allowed."""
@@ -407,9 +505,14 @@ def _format_errors(path: Path, error: ValidationError) -> str:
 
 def parse_config(data: dict, source: Path | str = "<dict>") -> PipelineConfig:
     try:
-        return PipelineConfig.model_validate(data or {})
+        config = PipelineConfig.model_validate(data or {})
     except ValidationError as error:
         raise ConfigError(_format_errors(Path(source), error)) from None
+    missing = [f"  - {field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})"
+               for field, value, path in config_files(config, list(SECTION_FILE_FIELDS)) if not path.exists()]
+    if missing:
+        raise ConfigError("\n".join([f"Invalid pipeline config {Path(source)}:", *missing]))
+    return config
 
 
 def config_path() -> Path:
@@ -427,8 +530,66 @@ def load_config(path: str | Path | None = None) -> PipelineConfig:
     return parse_config(data, path)
 
 
+def _field_values(data, parts: list[str], label: str):
+    if isinstance(data, list):
+        for i, item in enumerate(data):
+            yield from _field_values(item, parts, f"{label}.{i}")
+    elif not parts:
+        if data is not None:
+            yield label, data
+    elif isinstance(data, dict) and parts[0] in data:
+        yield from _field_values(data[parts[0]], parts[1:], f"{label}.{parts[0]}")
+    elif data is not None:  # a typo here would silently hash nothing
+        raise KeyError(f"SECTION_FILE_FIELDS: {label} has no field {parts[0]!r}")
+
+
+def config_files(config: PipelineConfig, sections: list[str]) -> list[tuple[str, str, Path]]:
+    """(field, configured value, resolved path) of every file named in `sections`."""
+    out = []
+    for section in sections:
+        dumped = getattr(config, section).model_dump(mode="json")
+        for spec in SECTION_FILE_FIELDS.get(section, []):
+            for field, value in _field_values(dumped, spec.split("."), section):
+                out.append((field, value, resolve_path(value)))
+    return out
+
+
+_FILE_SHA256: dict[tuple[str, int, int], str] = {}
+
+
+def _file_sha256(path: Path) -> str:
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)  # code_version runs at every load: hash once
+    if key not in _FILE_SHA256:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _FILE_SHA256[key] = digest.hexdigest()
+    return _FILE_SHA256[key]
+
+
+def content_sha256(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (relative path and content, hidden ones skipped)."""
+    if not path.is_dir():
+        return _file_sha256(path)
+    digest = hashlib.sha256()
+    for file in sorted(path.rglob("*")):
+        relative = file.relative_to(path).as_posix()
+        if file.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in relative.split("/")):
+            digest.update(f"{relative}\x00{_file_sha256(file)}\n".encode())
+    return digest.hexdigest()
+
+
 def section_hash(config: PipelineConfig, stage: str) -> str:
     sections = {name: getattr(config, name).model_dump(mode="json") for name in STAGE_SECTIONS[stage]}
+    files = {}
+    for field, value, path in config_files(config, STAGE_SECTIONS[stage]):
+        if not path.exists():
+            raise ConfigError(f"{field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})")
+        files[field] = content_sha256(path)
+    if files:  # only then, so stages that name no files keep their code_version
+        sections["_file_sha256"] = files
     return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:12]
 
 
