@@ -2,46 +2,14 @@
 import time
 
 import dagster as dg
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from engine.tokenizer import HF_DIR, TRAINING_MANIFEST, TokenizerConfig, train_tokenizer
+from engine.tokenizer import HF_DIR, TRAINING_MANIFEST, select_sample, train_tokenizer
 from workflows.kiln import KilnResource, markdown_table, stage, write_json
 
 META_FILE = "tokenizer_meta.json"
 # hf/ is derived from tokenizer.model by whatever transformers is installed; leaving it out of the
 # content hash keeps the data version (and everything downstream) stable across library upgrades.
 VERSION_FILES = ["tokenizer.model", "tokenizer.vocab", "token_bytes.npy", TRAINING_MANIFEST, META_FILE]
-
-
-def select_sample(docs: DataFrame, buckets: list[str], cfg: TokenizerConfig) -> tuple[dict, dict]:
-    """(texts, languages) per bucket: documents in a seeded hash order until the bucket's
-    character budget is met, the same budget for every bucket (small buckets give all they have).
-
-    The order is xxhash64 of (seed, doc_id): a deterministic random sample, independent of
-    partitioning, that a different `tokenizer.seed` reshuffles. Rows are streamed to the driver
-    until the budget is met instead of collecting the whole bucket. train_tokenizer then orders
-    and cuts this pre-selection with the same seed.
-    """
-    # deduplicated/kept carries quality_signals' `language` (filters keep it for dedup), so the
-    # per-language fertility needs no join; older artifacts without it report "unknown".
-    language = F.col("language") if "language" in docs.columns else F.lit(None).cast("string")
-    order = F.xxhash64(F.lit(cfg.seed).cast("long"), F.col("doc_id"))
-    texts_by_bucket: dict[str, list[str]] = {}
-    languages_by_bucket: dict[str, list[str | None]] = {}
-    for bucket in buckets:
-        rows = (docs.where(F.col("bucket") == bucket).orderBy(order, "doc_id")
-                .select("text", language.alias("language")))
-        texts, languages, chars = [], [], 0
-        for row in rows.toLocalIterator():
-            texts.append(row["text"])
-            languages.append(row["language"])
-            chars += len(row["text"] or "")
-            if chars >= cfg.sample_chars_per_bucket:
-                break
-        texts_by_bucket[bucket] = texts
-        languages_by_bucket[bucket] = languages
-    return texts_by_bucket, languages_by_bucket
 
 
 @stage("tokenizer", "tokenize", partitioned=False, deps=["deduplicated"])

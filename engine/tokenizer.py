@@ -21,10 +21,13 @@ import json
 import logging
 import os
 import shutil
-from typing import Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Iterable, Iterator, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 SPECIAL_PIECES = ("<unk>", "<s>", "</s>", "<pad>")
@@ -184,6 +187,38 @@ class _HashingIterator:
         self.digest.update(sentence.encode("utf-8", "surrogatepass") + b"\n")
         self.count += 1
         return sentence
+
+
+def select_sample(docs: "DataFrame", buckets: list[str], cfg: TokenizerConfig) -> tuple[dict, dict]:
+    """(texts, languages) per bucket: documents in a seeded hash order until the bucket's
+    character budget is met, the same budget for every bucket (small buckets give all they have).
+
+    The order is xxhash64 of (seed, doc_id): a deterministic random sample, independent of
+    partitioning, that a different `tokenizer.seed` reshuffles. Rows are streamed to the driver
+    until the budget is met instead of collecting the whole bucket. train_tokenizer then orders
+    and cuts this pre-selection with the same seed.
+    """
+    from pyspark.sql import functions as F
+
+    # deduplicated/kept carries quality_signals' `language` (filters keep it for dedup), so the
+    # per-language fertility needs no join; older artifacts without it report "unknown".
+    language = F.col("language") if "language" in docs.columns else F.lit(None).cast("string")
+    order = F.xxhash64(F.lit(cfg.seed).cast("long"), F.col("doc_id"))
+    texts_by_bucket: dict[str, list[str]] = {}
+    languages_by_bucket: dict[str, list[str | None]] = {}
+    for bucket in buckets:
+        rows = (docs.where(F.col("bucket") == bucket).orderBy(order, "doc_id")
+                .select("text", language.alias("language")))
+        texts, languages, chars = [], [], 0
+        for row in rows.toLocalIterator():
+            texts.append(row["text"])
+            languages.append(row["language"])
+            chars += len(row["text"] or "")
+            if chars >= cfg.sample_chars_per_bucket:
+                break
+        texts_by_bucket[bucket] = texts
+        languages_by_bucket[bucket] = languages
+    return texts_by_bucket, languages_by_bucket
 
 
 def train_tokenizer(texts_by_bucket: dict[str, list[str]], out_dir: str, cfg: TokenizerConfig | None = None, *,

@@ -156,9 +156,9 @@ def test_example_pairs_side_by_side(scenario):
     # Both texts of the planted pair n1/n2 (two words replaced) appear, flattened, side by side.
     assert flat(text["n1"]) != flat(text["n2"])
     assert f"| text | {flat(text['n2'])}… | {flat(text['n1'])}… |" in md
-    assert f"| url | https://example.org/n2 | https://example.org/n1 |" in md
+    assert "| url | https://example.org/n2 | https://example.org/n1 |" in md
     assert f"shingle Jaccard {jaccard(text['n1'], text['n2']):.3f}" in md
-    assert f"| doc_id | `c3` | `c1` |" in md and f"| doc_id | `e2` | `e1` |" in md
+    assert "| doc_id | `c3` | `c1` |" in md and "| doc_id | `e2` | `e1` |" in md
 
 
 def test_example_pairs_markdown_escapes_crawl_text(spark):

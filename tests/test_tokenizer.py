@@ -118,7 +118,7 @@ def test_seed_changes_the_sample():
 
 def test_asset_pre_selection_is_seeded_and_bucket_balanced(spark):
     """The tokenizer asset's Spark pre-selection (what train_tokenizer gets to sample from)."""
-    from assets.tokenizer import select_sample
+    from engine.tokenizer import select_sample
 
     sizes = {"web": 400, "reference": 60, "tiny": 4}
     rows = [(hashlib.sha1(f"{b}{i}".encode()).hexdigest()[:20], b, f"{b} document {i}. " * 25, "en")

@@ -10,12 +10,13 @@ import copy
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from training.data import load_manifest
 from training.model import ModelConfig
+from training.settings import SharedTrainingSettings
 
 DEFAULT_PRESET = "tiny"
 
@@ -34,10 +35,7 @@ class MlflowRunConfig(_Strict):
     system_metrics_interval_s: float = Field(10.0, gt=0, description="Seconds between system metric samples.")
 
 
-Unit = Annotated[float, Field(ge=0.0, lt=1.0)]
-
-
-class RunConfig(_Strict):
+class RunConfig(SharedTrainingSettings):
     """Everything one training run reads (run.json)."""
 
     model: dict[str, Any] = Field(
@@ -54,26 +52,8 @@ class RunConfig(_Strict):
     grad_accum_steps: int = Field(1, ge=1, description="Micro steps per optimizer step.")
     lr: float = Field(6e-4, gt=0, description="Peak learning rate.")
     warmup_steps: int = Field(20, ge=0, description="Linear warmup steps before the cosine decay.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr.")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (matrices only, not norm gains).")
-    betas: tuple[Unit, Unit] = Field((0.9, 0.95), description="AdamW betas.")
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clipping threshold.")
-    activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder block in backward (torch non-reentrant checkpoint): less "
-                           "activation memory for about one more forward pass of compute.")
     checkpoint_every: int = Field(100, ge=1, description="Checkpoint cadence in steps (the final step is saved too).")
-    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept.")
-    max_consecutive_skips: int = Field(
-        5, ge=1, description="Abort after more consecutive skipped steps (non-finite loss or gradient, or a loss spike).")
-    spike_k: float | None = Field(
-        6.0, description="Skip a step whose micro-batch loss (mean over ranks) exceeds mean + spike_k standard "
-                         "deviations of the last spike_window accepted step losses; null or <= 0 disables the check.")
-    spike_window: int = Field(100, ge=2, description="Accepted step losses the spike statistics are taken over.")
-    spike_min_history: int = Field(
-        20, ge=2, description="Accepted steps needed before the spike check is active (the early loss falls fast).")
-    log_every: int = Field(10, ge=1, description="Progress line on stdout (and in the Dagster run) every N steps; "
-                                                 "metrics.jsonl and MLflow get every step.")
     export: bool = Field(True, description="Consolidate the final checkpoint into export/.")
     git_commit: str | None = Field(None, description="Commit of the code (recorded in export_meta.json); null: "
                                                      "`git rev-parse HEAD` of this checkout, if it is one.")
@@ -82,8 +62,6 @@ class RunConfig(_Strict):
         default_factory=dict,
         description="Data versions of the inputs (mixed_shards, tokenizer) when the caller knows them (Dagster "
                     "does): the MLflow dataset digest and export_meta.json lineage.")
-    deepspeed: dict[str, Any] = Field(
-        default_factory=dict, description="Merged over the generated DeepSpeed config (build_deepspeed_config).")
     debug_nan_loss_steps: list[int] = Field(
         default_factory=list, description="Test hook: rank 0's loss becomes NaN at these steps.")
     debug_loss_scale_steps: dict[int, float] = Field(
@@ -102,17 +80,6 @@ class RunConfig(_Strict):
         if bad:
             raise ValueError(f"factors must be finite and > 0, got {bad}")
         return value
-
-    @model_validator(mode="after")
-    def _spike_history_fits_window(self) -> "RunConfig":
-        if self.spike_min_history > self.spike_window:
-            raise ValueError(f"spike_min_history ({self.spike_min_history}) must be <= spike_window "
-                             f"({self.spike_window})")
-        return self
-
-    @property
-    def spike_enabled(self) -> bool:
-        return self.spike_k is not None and self.spike_k > 0
 
 
 def _format_errors(error: ValidationError) -> str:

@@ -13,7 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -23,6 +23,7 @@ from engine.dedup import DedupConfig
 from engine.filters import FilterConfig
 from engine.mix import MixConfig
 from engine.tokenizer import TokenizerConfig
+from training.settings import SharedTrainingSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "workflows" / "pipeline.yaml"
@@ -284,7 +285,10 @@ class TrainingModelConfig(Section):
         return self
 
 
-class TrainingConfig(Section):
+class TrainingConfig(Section, SharedTrainingSettings):
+    """The pipeline's training run: the settings run.json shares (training/settings.py) plus the
+    demo-sized defaults and the launcher's settings below."""
+
     preset: Literal["tiny", "125M", "350M", "1B"] = Field("tiny", description="Model size preset.")
     model: TrainingModelConfig = Field(default_factory=TrainingModelConfig,
                                        description="Overrides of the preset (e.g. n_kv_heads for GQA, tie_embeddings).")
@@ -293,29 +297,9 @@ class TrainingConfig(Section):
     grad_accum: int = Field(1, ge=1, description="Micro steps per optimizer step.")
     lr: float = Field(3e-3, gt=0, le=1, description="Peak learning rate.")
     warmup_steps: int = Field(15, ge=0, description="Linear warmup steps before the cosine decay.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Cosine decay floor as a fraction of lr.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay (matrices only).")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="AdamW betas, each in [0, 1).")
-    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    grad_clip: float = Field(1.0, gt=0, description="Global gradient-norm clipping threshold.")
-    activation_checkpointing: bool = Field(
-        False, description="Recompute each decoder block in backward: less activation memory, ~1 more forward pass.")
     checkpoint_every: int = Field(50, ge=1, description="Checkpoint cadence in steps (the final step is saved too).")
-    keep_last: int = Field(2, ge=1, description="Complete checkpoints kept.")
-    max_consecutive_skips: int = Field(
-        5, ge=1, description="Abort after more consecutive skipped steps (non-finite loss/gradient or loss spike).")
-    spike_k: float | None = Field(
-        6.0, description="Skip a step whose loss exceeds mean + spike_k standard deviations of the last spike_window "
-                         "accepted step losses; null or <= 0 disables the spike check.")
-    spike_window: int = Field(100, ge=2, description="Accepted step losses the spike statistics are taken over.")
-    spike_min_history: int = Field(20, ge=2, description="Accepted steps before the spike check is active.")
-    log_every: int = Field(10, ge=1, description="A progress line in the Dagster run (and stdout) every N steps; "
-                                                 "skipped steps always get one. MLflow gets every step.")
     system_metrics_interval_s: float = Field(10.0, gt=0, description="Seconds between MLflow system metric samples.")
-    deepspeed: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Merged over the generated DeepSpeed config (ZeRO-3); keys that repeat a setting above must "
-                    "agree with it, e.g. {zero_optimization: {stage3_param_persistence_threshold: 0}}.")
     num_gpus: int | None = Field(
         None, ge=1, description="Ranks per node; null: every visible GPU (CUDA_VISIBLE_DEVICES honoured), 2 CPU "
                                 "processes without a GPU, or each hostfile host's slots.")
@@ -323,20 +307,6 @@ class TrainingConfig(Section):
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs.")
     seed: int = Field(0, description="Seed of the initial weights and of the data order.")
     dry_run: bool = Field(False, description="Log the exact launcher command and materialize nothing.")
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_in_unit_interval(cls, value: tuple[float, float]) -> tuple[float, float]:
-        if not all(0 <= b < 1 for b in value):
-            raise ValueError(f"each beta must be in [0, 1), got {list(value)}")
-        return value
-
-    @model_validator(mode="after")
-    def _spike_history_fits_window(self) -> "TrainingConfig":
-        if self.spike_min_history > self.spike_window:
-            raise ValueError(f"spike_min_history ({self.spike_min_history}) must be <= spike_window "
-                             f"({self.spike_window})")
-        return self
 
 
 class EvaluationConfig(Section):
