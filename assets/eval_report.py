@@ -149,6 +149,6 @@ def _previous_report(kiln: KilnResource, data_version: str) -> Artifact | None:
     for version in sorted((v for v in done if v != data_version), key=lambda v: (done[v], v), reverse=True):
         other = kiln.storage.artifact("eval_report", None, version)
         # A report that failed a blocking check is no baseline to compare against.
-        if (other.path / "metrics.json").exists() and not other.manifest().get("failed_blocking_checks"):
+        if (other.path / "metrics.json").exists() and not kiln.storage.failed_checks("eval_report", None, version):
             return other
     return None

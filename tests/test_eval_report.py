@@ -499,8 +499,7 @@ def test_asset_publishes_report_checks_mlflow_and_compares_with_the_previous_rep
     assert second["previous_report"].value == first["data_version"].value != version
     assert first["marked_latest"].value is True and second["marked_latest"].value is False
     assert storage.latest("eval_report", None).data_version == first["data_version"].value
-    assert storage.artifact("eval_report", None, version).manifest()["failed_blocking_checks"] == [
-        "contamination_under_limit"]
+    assert storage.failed_checks("eval_report", None, version) == ["contamination_under_limit"]
     folder = state / "storage" / "eval_report" / "all" / version
     report = (folder / "report.md").read_text()
     assert "Compared with the previous report" in report and first["data_version"].value in report

@@ -108,17 +108,18 @@ def test_the_cluster_really_ran_the_stages(runs):
 
 def test_a_failed_start_leaves_no_process_running(tmp_path, monkeypatch):
     cluster = StandaloneCluster(workers=2, work_dir=tmp_path)
-    spawn = cluster._spawn
+    spawn, spawned = cluster._spawn, []
 
     def worker_cannot_start(name, args):
         if name.startswith("worker"):
             raise OSError("no such executable")
-        return spawn(name, args)
+        spawned.append(spawn(name, args))
+        return spawned[-1]
 
     monkeypatch.setattr(cluster, "_spawn", worker_cannot_start)
     with pytest.raises(OSError, match="no such executable"):
         cluster.start()
-    assert cluster.master_url.startswith("spark://127.0.0.1:")  # the master did come up first
-    assert cluster._procs == []
-    master_log = (tmp_path / "master.log").read_text()
-    assert "Starting Spark master" in master_log or "Master" in master_log
+    # The master had come up (its URL read back from it) and was stopped with its process group.
+    assert cluster.master_url.startswith("spark://127.0.0.1:") and len(spawned) == 1
+    assert spawned[0].poll() is not None
+    assert f"Starting Spark master at {cluster.master_url}" in (tmp_path / "master.log").read_text()

@@ -213,18 +213,24 @@ def test_a_failed_latest_pointer_says_the_version_is_complete(moto, tmp_path):
             raise ConnectionError("dropped")
 
     storage.client.meta.events.register("before-parameter-build.s3.PutObject", refuse_latest)
-    with pytest.raises(StorageError, match=r"published and complete .*_LATEST pointer could not be moved"):
+    with pytest.raises(StorageError, match=r"published and complete .*_LATEST pointer could not be settled"):
         storage.publish(stage(storage), "a", "p", {})
     staged_version = next(iter(storage.complete_versions("a", "p")))
     assert storage.artifact("a", "p", staged_version).path.is_dir()
 
 
-def test_a_version_published_without_mark_latest_is_complete_but_not_latest(moto, tmp_path):
+def test_a_version_that_fails_a_blocking_check_is_complete_but_never_latest(moto, tmp_path):
     storage = s3_storage(moto["endpoint"], tmp_path)
-    good = storage.publish(stage(storage, {"data/x": b"good"}), "a", "p", {})
-    failed = storage.publish(stage(storage, {"data/x": b"failed a blocking check"}), "a", "p", {}, mark_latest=False)
+    good = storage.publish(stage(storage, {"data/x": b"good"}), "a", "p", {}, checks={"band": True})
+    failed = storage.publish(stage(storage, {"data/x": b"failed a blocking check"}), "a", "p", {},
+                             checks={"band": False}, failed_blocking=["band"])
     assert storage.latest("a", "p").data_version == good.data_version != failed.data_version
     assert storage.artifact("a", "p", failed.data_version).path.is_dir()
+    assert storage.failed_checks("a", "p", failed.data_version) == ["band"]
+    # The same bytes as the latest now fail a tightened check: the pointer comes off them.
+    storage.publish(stage(storage, {"data/x": b"good"}), "a", "p", {}, checks={"band": False}, failed_blocking=["band"])
+    with pytest.raises(StorageError, match="has no version that passed its blocking checks"):
+        storage.latest("a", "p")
 
 
 KILLED_PUBLISH = """

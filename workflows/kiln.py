@@ -144,8 +144,8 @@ class KilnResource(dg.ConfigurableResource):
         """Publish the staging folder (content hash, manifest, `_SUCCESS`) and describe it to Dagster.
 
         A version whose blocking check failed is still published complete, so it can be inspected
-        and traced by its data version, but `_LATEST` stays on the previous version: later runs of
-        downstream stages never read it."""
+        and traced by its data version, but it is never `_LATEST` (storage.settle_latest): later
+        runs of downstream stages never read it."""
         asset = context.asset_key.to_user_string()
         partition = context.partition_key if context.has_partition_key else None
         input_versions = {
@@ -162,11 +162,10 @@ class KilnResource(dg.ConfigurableResource):
             "git_commit": git_commit(),
             "dagster_run_id": context.run.run_id,
             "counts": counts or {},
-            "checks": checks,
-            "failed_blocking_checks": failed,
             "wall_seconds": round(time.time() - started, 3) if started else None,
         }
-        artifact = self._storage.publish(staging, asset, partition, manifest, version_files, mark_latest=not failed)
+        artifact = self._storage.publish(staging, asset, partition, manifest, version_files,
+                                         checks=checks if check_results else None, failed_blocking=failed)
         if failed:
             context.log.warning(f"{asset}[{artifact.partition}] failed its blocking check(s) {failed}: published as "
                                 f"{artifact.location} for inspection, NOT marked latest; downstream keeps reading "

@@ -1,7 +1,8 @@
 """An `s3://bucket/prefix` storage root, through boto3.
 
 Same layout and rules as a local root: `<prefix>/<asset>/<partition>/<data_version>/...`, then
-`_MANIFEST.json`, then `_SUCCESS` last, then the partition's `_LATEST` pointer. Readers only
+`_MANIFEST.json`, then `_SUCCESS` last, then the partition's `_LATEST` pointer (and, for stages
+with checks, `_CHECKS.json`). Readers only
 take versions that hold `_SUCCESS`.
 
 Stages keep writing into a LOCAL staging folder (Spark here has no hadoop-aws jar, so it cannot
@@ -30,6 +31,7 @@ from botocore.exceptions import ClientError
 
 from engine.sources import s3_client
 from workflows.storage import (
+    CHECKS,
     LATEST,
     MANIFEST,
     SUCCESS,
@@ -123,7 +125,8 @@ class S3Storage(LocalStorage):
         partition: str | None,
         manifest: dict,
         version_files: list[str] | None = None,
-        mark_latest: bool = True,
+        checks: dict[str, bool] | None = None,
+        failed_blocking: list[str] = (),
     ) -> Artifact:
         data_version = content_hash(staging, version_files)[:16]
         base = self._key(asset, partition, data_version) + "/"
@@ -147,15 +150,14 @@ class S3Storage(LocalStorage):
                 f"publishing {name} to {uri} failed after up to {self.max_attempts} attempts per request "
                 f"({_reason(error)}). It was not marked complete (no {SUCCESS}); the staged files stay in {staging}."
             ) from error
-        if mark_latest:
-            try:
-                self._put(self._key(asset, partition, LATEST), data_version.encode())
-            except Exception as error:
-                raise StorageError(
-                    f"{uri} is published and complete ({SUCCESS} written), but the partition's {LATEST} pointer "
-                    f"could not be moved to it ({_reason(error)}); readers still get the previous version. "
-                    f"Re-running the stage republishes nothing and retries the pointer."
-                ) from error
+        try:
+            self.settle_latest(asset, partition, data_version, checks, list(failed_blocking))
+        except Exception as error:
+            raise StorageError(
+                f"{uri} is published and complete ({SUCCESS} written), but the partition's {LATEST} pointer "
+                f"could not be settled ({_reason(error)}); readers still get the previous version. "
+                f"Re-running the stage republishes nothing and retries the pointer."
+            ) from error
         return self.artifact(asset, partition, data_version)
 
     def _upload(self, staging: Path, base: str, uri: str, manifest: dict) -> bool:
@@ -206,14 +208,40 @@ class S3Storage(LocalStorage):
             self.discard(folder)
 
     def latest(self, asset: str, partition: str | None) -> Artifact:
-        key = self._key(asset, partition, LATEST)
         try:
-            data_version = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read().decode().strip()
+            version = self._get_latest(asset, partition)
+            if version is None:
+                raise StorageError(self._no_latest(asset, partition))
+        except ClientError as error:
+            raise StorageError(f"cannot read the {LATEST} pointer of s3://{self.bucket}/"
+                               f"{self._key(asset, partition)}: {_reason(error)}") from None
+        return self.artifact(asset, partition, version)
+
+    def _get_object(self, key: str) -> bytes | None:
+        try:
+            return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") in _MISSING:
-                raise StorageError(f"{asset}[{partition or UNPARTITIONED}] has not been materialized under {self.root}") from None
-            raise StorageError(f"cannot read s3://{self.bucket}/{key}: {_reason(error)}") from None
-        return self.artifact(asset, partition, data_version)
+                return None
+            raise
+
+    def _get_latest(self, asset: str, partition: str | None) -> str | None:
+        body = self._get_object(self._key(asset, partition, LATEST))
+        return body.decode().strip() if body is not None else None
+
+    def _set_latest(self, asset: str, partition: str | None, version: str | None) -> None:
+        key = self._key(asset, partition, LATEST)
+        if version is None:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        else:
+            self._put(key, version.encode())
+
+    def _read_checks(self, asset: str, partition: str | None) -> dict:
+        body = self._get_object(self._key(asset, partition, CHECKS))
+        return json.loads(body) if body is not None else {}
+
+    def _write_checks(self, asset: str, partition: str | None, record: dict) -> None:
+        self._put(self._key(asset, partition, CHECKS), json.dumps(record, indent=2, sort_keys=True).encode())
 
     def artifact(self, asset: str, partition: str | None, data_version: str) -> Artifact:
         """The complete artifact with this data version, as a local read-only copy (downloaded once)."""

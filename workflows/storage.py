@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 SUCCESS = "_SUCCESS"
 MANIFEST = "_MANIFEST.json"
 LATEST = "_LATEST"
+# Per partition: each version's blocking-check outcome at its most recent publish (a version's own
+# folder never changes after _SUCCESS, but the same content can pass one run's checks and fail the next).
+CHECKS = "_CHECKS.json"
 PUBLISH_LOCK = ".publish.lock"
 STAGING_PREFIX = ".staging-"
 # Staging folder -> its held owner lock, per process (not per LocalStorage object, so dropping or
@@ -166,10 +169,10 @@ class LocalStorage:
         partition: str | None,
         manifest: dict,
         version_files: list[str] | None = None,
-        mark_latest: bool = True,
+        checks: dict[str, bool] | None = None,
+        failed_blocking: list[str] = (),
     ) -> Artifact:
-        """Publish `staging` as a complete version; `mark_latest=False` keeps `_LATEST` where it was
-        (a version whose blocking check failed stays readable by its data version only)."""
+        """Publish `staging` as a complete version and settle `_LATEST` (`settle_latest`)."""
         data_version = content_hash(staging, version_files)[:16]
         folder = self.partition_dir(asset, partition)
         final = folder / data_version
@@ -186,15 +189,64 @@ class LocalStorage:
                 manifest = {**manifest, "asset": asset, "partition": partition, "data_version": data_version}
                 _write_atomic(final / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True, default=str))
                 (final / SUCCESS).write_text("")
-            if mark_latest:
-                _write_atomic(folder / LATEST, data_version)
+            self.settle_latest(asset, partition, data_version, checks, list(failed_blocking))
         return Artifact(asset, partition or UNPARTITIONED, data_version, final)
 
+    def settle_latest(self, asset: str, partition: str | None, version: str, checks: dict[str, bool] | None,
+                      failed_blocking: list[str]) -> None:
+        """Record `version`'s check outcome, then point `_LATEST` at it if no blocking check failed.
+
+        If one failed, `_LATEST` stays where it was, or, when it points at this very content (the
+        same bytes now fail a tightened check), moves back to the newest complete version that
+        passed; with none left the pointer is removed and `latest` says why."""
+        record = self._read_checks(asset, partition)
+        if checks is not None or version in record:
+            record[version] = {"checks": checks or {}, "failed_blocking_checks": failed_blocking}
+            self._write_checks(asset, partition, record)
+        if not failed_blocking:
+            self._set_latest(asset, partition, version)
+        elif self._get_latest(asset, partition) == version:
+            done = self.complete_versions(asset, partition)
+            passed = [v for v in done if v != version and not record.get(v, {}).get("failed_blocking_checks")]
+            self._set_latest(asset, partition, max(passed, key=lambda v: (done[v], v), default=None))
+
+    def failed_checks(self, asset: str, partition: str | None, version: str) -> list[str]:
+        """The blocking checks `version` failed at its most recent publish ([] if none or never checked)."""
+        return self._read_checks(asset, partition).get(version, {}).get("failed_blocking_checks", [])
+
     def latest(self, asset: str, partition: str | None) -> Artifact:
+        version = self._get_latest(asset, partition)
+        if version is None:
+            raise StorageError(self._no_latest(asset, partition))
+        return self.artifact(asset, partition, version)
+
+    def _no_latest(self, asset: str, partition: str | None) -> str:
+        name = f"{asset}[{partition or UNPARTITIONED}]"
+        failed = sorted(v for v, r in self._read_checks(asset, partition).items() if r.get("failed_blocking_checks"))
+        if failed:
+            return (f"{name} has no version that passed its blocking checks (failed: {', '.join(failed)}; see "
+                    f"{CHECKS}): fix the config or the data and materialize it again")
+        return f"{name} has not been materialized under {self.root}"
+
+    # -- the partition's pointer and check record (S3Storage keeps them in the bucket) ---------------
+
+    def _get_latest(self, asset: str, partition: str | None) -> str | None:
         pointer = self.partition_dir(asset, partition) / LATEST
-        if not pointer.exists():
-            raise StorageError(f"{asset}[{partition or UNPARTITIONED}] has not been materialized under {self.root}")
-        return self.artifact(asset, partition, pointer.read_text().strip())
+        return pointer.read_text().strip() if pointer.exists() else None
+
+    def _set_latest(self, asset: str, partition: str | None, version: str | None) -> None:
+        pointer = self.partition_dir(asset, partition) / LATEST
+        if version is None:
+            pointer.unlink(missing_ok=True)
+        else:
+            _write_atomic(pointer, version)
+
+    def _read_checks(self, asset: str, partition: str | None) -> dict:
+        path = self.partition_dir(asset, partition) / CHECKS
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def _write_checks(self, asset: str, partition: str | None, record: dict) -> None:
+        _write_atomic(self.partition_dir(asset, partition) / CHECKS, json.dumps(record, indent=2, sort_keys=True))
 
     def artifact(self, asset: str, partition: str | None, data_version: str) -> Artifact:
         """The complete artifact `asset[partition]` with this data version (not only the latest)."""
