@@ -21,8 +21,9 @@ from engine.report import (
     log_eval_run, report_numbers, training_loss_history, write_results,
 )
 from training.evaluate import evaluate_checkpoint
+from training.provenance import git_commit
 from workflows.config import resolve_path
-from workflows.kiln import KilnResource, git_commit, stage
+from workflows.kiln import KilnResource, stage
 from workflows.storage import Artifact, StorageError, content_hash
 
 FINITE_CHECK = dg.AssetCheckSpec("metrics_finite", asset="eval_report", blocking=True,
@@ -53,7 +54,8 @@ def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mat
         sample_max_new_tokens=cfg.sample_max_new_tokens, sample_temperature=cfg.sample_temperature,
         sample_top_k=cfg.sample_top_k, seed=cfg.seed,
         lm_eval_task_dir=resolve_path(cfg.lm_eval_task_dir) if cfg.lm_eval_task_dir else None,
-        lm_eval_tasks=cfg.lm_eval_tasks, lm_eval_limit=cfg.lm_eval_limit, log=context.log.info,
+        lm_eval_tasks=cfg.lm_eval_tasks, lm_eval_limit=cfg.lm_eval_limit, lm_eval_device=cfg.lm_eval_device,
+        lm_eval_dtype=cfg.lm_eval_dtype, lm_eval_batch_size=cfg.lm_eval_batch_size, log=context.log.info,
     )
     if metrics["lm_eval"]["status"] != "ok":
         context.log.warning(f"lm_eval step skipped: {metrics['lm_eval']['reason']}")
@@ -74,13 +76,14 @@ def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mat
             f"{_loss(training.get('first_loss'))} → {_loss(training.get('final_loss'))}), mixed_shards `{mixed.data_version}`, "
             f"tokenizer `{tok.data_version}`. Training run: MLflow `{training.get('mlflow_run_id')}`."])
         numbers = report_numbers(metrics)
+        commit = git_commit()
         eval_run_id = log_eval_run(
             kiln.mlflow_tracking_uri(), kiln.mlflow_experiment_id(), run_name=f"eval_report-{data_version[:8]}",
             training_run_id=training.get("mlflow_run_id"), key_numbers=numbers,
             params={f"evaluation.{k}": v for k, v in cfg.model_dump(mode="json").items()},
-            tags={"dagster_run_id": context.run.run_id, "git_commit": git_commit(), "kiln.stage": "eval_report",
-                  "eval_report_data_version": data_version, "checkpoints_data_version": ckpt.data_version,
-                  "mixed_shards_data_version": mixed.data_version},
+            tags={"dagster_run_id": context.run.run_id, **({"git_commit": commit} if commit else {}),
+                  "kiln.stage": "eval_report", "eval_report_data_version": data_version,
+                  "checkpoints_data_version": ckpt.data_version, "mixed_shards_data_version": mixed.data_version},
             artifacts=results + report.write(out))
     return kiln.publish(
         context, out, inputs={"checkpoints": ckpt, "mixed_shards": mixed, "tokenizer": tok},

@@ -5,17 +5,15 @@ import time
 import dagster as dg
 
 from assets.tokenizer import META_FILE
+from engine.decontam import DecontamConfig, clip_span
 from engine.mix import build_mixture
-from workflows.config import REPO_ROOT
 from workflows.kiln import KilnResource, markdown_table, stage
 
-EXAMPLES_SHOWN = 3  # matching spans per eval set in the metadata (the manifest keeps max_examples)
-_SPAN_CHARS = 160
 
-
-def decontam_metadata(manifest: dict) -> dict[str, dg.MetadataValue]:
+def decontam_metadata(manifest: dict, cfg: DecontamConfig) -> dict[str, dg.MetadataValue]:
     """The decontamination report of a mixed_shards manifest as Dagster metadata: per eval set
-    its items, matches and what happened to the matching documents, and a few matching spans."""
+    its items, matches and what happened to the matching documents, and the first
+    `cfg.examples_shown` matching spans (cut to `cfg.shown_span_chars`)."""
     report = manifest.get("decontam") or {"enabled": False}
     if not report.get("enabled"):
         return {"decontamination": dg.MetadataValue.md("_off: no eval sets under `mix.decontam.eval_sets`_")}
@@ -30,10 +28,10 @@ def decontam_metadata(manifest: dict) -> dict[str, dg.MetadataValue]:
             "documents_removed": stats.get("documents_removed", 0),
             "documents_flagged": stats.get("documents_flagged", 0),
         })
-        for example in stats["examples"][:EXAMPLES_SHOWN]:
-            span = example["span"] if len(example["span"]) <= _SPAN_CHARS else example["span"][:_SPAN_CHARS] + "..."
+        for example in stats["examples"][:cfg.examples_shown]:
             examples.append({"eval_set": name, "item": example["item"], "doc_id": example["doc_id"],
-                             "matching_ngrams": example["matching_ngrams"], "span": span})
+                             "matching_ngrams": example["matching_ngrams"],
+                             "span": clip_span(example["span"], cfg.shown_span_chars)})
     summary = (f"mode `{report['mode']}`, {report['ngram']}-grams: {report['documents_contaminated']} of "
                f"{report['documents_scanned']} documents matched, {report['documents_removed']} removed")
     return {
@@ -60,8 +58,6 @@ def mixed_shards(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Ma
             eos_id=meta["special_ids"]["eos"],
             token_bytes_path=str(tok_in.path / "token_bytes.npy"),
             doc_texts=[str(a.path / "kept") for a in dedup_in],
-            # pipeline.yaml's relative paths are relative to the repository root, not the cwd
-            eval_sets_base_dir=str(REPO_ROOT),
         )
     for warning in manifest.get("warnings", []):
         context.log.warning(warning)
@@ -73,6 +69,6 @@ def mixed_shards(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Ma
         counts={"train_sequences": manifest["train"]["num_sequences"],
                 **{f"val_sequences_{b}": v["num_sequences"] for b, v in manifest["validation"].items()}},
         metadata={"buckets": dg.MetadataValue.md(markdown_table(buckets)), "seq_len": manifest["seq_len"],
-                  **decontam_metadata(manifest)},
+                  **decontam_metadata(manifest, kiln.config.mix.decontam)},
         started=started,
     )

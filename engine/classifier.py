@@ -16,7 +16,6 @@ own scheme). With thread=1 the result is then bit-for-bit reproducible.
 from __future__ import annotations
 
 import fnmatch
-import gzip
 import hashlib
 import json
 import math
@@ -32,6 +31,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from engine.langid import forget_model, load_fasttext_model, normalize_for_fasttext
+from engine.paths import open_text
 
 POSITIVE_LABEL = "__label__hq"
 NEGATIVE_LABEL = "__label__lq"
@@ -87,12 +87,6 @@ def reference_files(paths: Sequence[str | os.PathLike], patterns: Sequence[str],
     return files
 
 
-def _open_text(path: Path):
-    if path.name.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8-sig")  # a BOM (as in Project Gutenberg texts) is no text
-
-
 def passages(text: str, chars: int) -> Iterator[str]:
     """`text` cut at paragraph breaks into passages of about `chars` characters (a paragraph
     longer than that is a passage of its own): a book is thousands of examples, not one."""
@@ -133,7 +127,7 @@ def read_reference_texts(
     for path in reference_files(paths, patterns, exclude):
         digest.update(path.read_bytes())
         before = len(texts)
-        with _open_text(path) as handle:
+        with open_text(path) as handle:
             if path.name.endswith((".jsonl", ".jsonl.gz")):
                 for number, line in enumerate(handle, 1):
                     if not line.strip():

@@ -12,10 +12,11 @@ What a URL passes before a byte is fetched, in order:
 While fetching: a Content-Length above the cap is skipped without reading the body, a body without
 one is read in chunks and dropped once it passes the cap, and connect, read and whole-page timeouts
 apply (the whole-page one by a timer that shuts the socket, so a server dripping bytes just under
-the read timeout cannot hold the crawl). A body read to its end leaves its connection in the pool
-for the host's next request; any other ends it. Redirects are followed one hop at a time, every
-hop checked like a new URL, with a hop limit and loop detection. Every attempt leaves a line in
-the crawl log: what was refused or dropped is data.
+the read timeout cannot hold the crawl; a page and its redirect hops share one whole-page time).
+A body read to its end leaves its connection in the pool for the host's next request; any other
+ends it. Redirects are followed one hop at a time, every hop checked like a new URL, with a hop
+limit and loop detection. Every attempt leaves a line in the crawl log: what was refused or
+dropped is data.
 """
 from __future__ import annotations
 
@@ -141,35 +142,46 @@ def _origin(url: str) -> str:
 
 
 class _PageDeadline:
-    """The whole-page time limit of one request, on real time whatever clock paces the crawl.
+    """The whole-page time limit of one fetch chain (a page and its redirect hops, or robots.txt
+    and its), on real time whatever clock paces the crawl.
 
     urllib3's read timeout bounds each socket read, and a read returns as soon as any byte
-    arrives, so a server dripping a byte every few seconds is never timed out by it. At the
-    deadline a timer shuts the socket for reading: a read blocked on the head or the body then
-    returns at once, and the request is reported as a timeout.
+    arrives, so a server dripping a byte every few seconds is never timed out by it. Each request
+    of the chain runs between start() and stop() and spends the chain's `seconds`; the polite
+    waits between hops are the crawler's own time and are not counted. At the deadline a timer
+    shuts the socket for reading: a read blocked on the head or the body then returns at once,
+    and the request is reported as a timeout.
     """
 
     def __init__(self, seconds: float):
         self.seconds = seconds
-        self.deadline = time.monotonic() + seconds
+        self.left = seconds  # of the chain, after the requests that ended
         self.expired = False
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
-        self._stopped = False
+        self._started: float | None = None
+        self._request = 0  # which request a timer belongs to: a late one must not shut the next's socket
+
+    def start(self) -> None:
+        """A request of the chain begins (the chain's time runs from here)."""
+        with self._lock:
+            self._request += 1
+            self._started = time.monotonic()
 
     def watch(self, sock) -> None:
         with self._lock:
-            if self._stopped:
+            if self._started is None:
                 return
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = threading.Timer(max(0.0, self.deadline - time.monotonic()), self._fire, (sock,))
+            remaining = self.left - (time.monotonic() - self._started)
+            self._timer = threading.Timer(max(0.0, remaining), self._fire, (sock, self._request))
             self._timer.daemon = True
             self._timer.start()
 
-    def _fire(self, sock) -> None:
+    def _fire(self, sock, request: int) -> None:
         with self._lock:  # never after stop(): the connection may already serve the next request
-            if self._stopped:
+            if self._started is None or request != self._request:
                 return
             self.expired = True
             try:
@@ -180,11 +192,15 @@ class _PageDeadline:
                 pass
 
     def stop(self) -> bool:
-        """Disarm the timer; True if it fired (the connection is then unusable)."""
+        """Disarm the timer and charge the request's time to the chain; True if the deadline fired
+        (the connection is then unusable)."""
         with self._lock:
-            self._stopped = True
             if self._timer is not None:
                 self._timer.cancel()
+                self._timer = None
+            if self._started is not None:
+                self.left -= time.monotonic() - self._started
+                self._started = None
             return self.expired
 
 
@@ -335,9 +351,10 @@ class Crawler:
             return self._robots[origin]
         robots = RobotFileParser(origin + "/robots.txt")
         target = origin + "/robots.txt"
+        deadline = _PageDeadline(self.settings.page_timeout_seconds)  # one for robots.txt and its redirects
         try:
             for _ in range(ROBOTS_MAX_REDIRECTS + 1):
-                got = self._request(target, ROBOTS_MAX_BYTES, cut_off=True)
+                got = self._request(target, ROBOTS_MAX_BYTES, deadline, cut_off=True)
                 location = got.header("Location")
                 if got.status not in REDIRECTS or not location or not normalize_url(location, target):
                     break
@@ -389,8 +406,11 @@ class Crawler:
                 self._pools[key] = _HTTPPool(ip, port, maxsize=1)
         return self._pools[key]
 
-    def _request(self, url: str, max_bytes: int, *, cut_off: bool = False) -> Fetched:
-        """One GET to the checked address; `cut_off` keeps the first max_bytes instead of refusing."""
+    def _request(self, url: str, max_bytes: int, deadline: _PageDeadline, *, cut_off: bool = False) -> Fetched:
+        """One GET to the checked address, spending the time left on its chain's `deadline`;
+        `cut_off` keeps the first max_bytes instead of refusing."""
+        if deadline.left <= 0:  # the chain's earlier requests spent it all
+            raise FetchRefused("timeout", f"redirects took over {deadline.seconds}s (whole-page deadline)")
         parts = urlsplit(url)
         host, port = _host_port(url)
         ip = resolve_host(host, port, self.settings.allow_private_networks)
@@ -403,7 +423,7 @@ class Crawler:
         ]
         timeout = urllib3.Timeout(connect=self.settings.timeout_seconds, read=self.settings.timeout_seconds)
         self._wait_turn(host)
-        deadline = _PageDeadline(self.settings.page_timeout_seconds)
+        deadline.start()
         token = _PAGE_DEADLINE.set(deadline)
         response, complete, body = None, False, bytearray()
         try:
@@ -441,8 +461,7 @@ class Crawler:
             self._next_request[host] = self.clock() + self._host_delay(host)
         if expired:
             # Also when the read ended "cleanly": a close-delimited body cut by the shutdown looks complete.
-            raise FetchRefused("timeout", f"page took over {self.settings.page_timeout_seconds}s (whole-page deadline)",
-                               len(body))
+            raise FetchRefused("timeout", f"page took over {deadline.seconds}s (whole-page deadline)", len(body))
         version = {10: "HTTP/1.0", 11: "HTTP/1.1"}.get(response.version, "HTTP/1.1")
         return Fetched(
             url=url, ip=ip, status=response.status, reason=response.reason or "", version=version,
@@ -481,6 +500,9 @@ class Crawler:
     def _visit(self, url: str, depth: int, frontier: _Frontier) -> None:
         chain = [url]
         current = url
+        # One deadline for the page and every redirect hop to it: a server answering each hop
+        # just in time must not stretch a page to (max_redirects + 1) * page_timeout_seconds.
+        deadline = _PageDeadline(self.settings.page_timeout_seconds)
         while True:
             host, port = _host_port(current)
             try:
@@ -493,7 +515,7 @@ class Crawler:
                     self._record(current, depth, "page_limit")
                     return
                 self._fetches += 1
-                got = self._request(current, self.settings.max_bytes_per_page)
+                got = self._request(current, self.settings.max_bytes_per_page, deadline)
             except FetchRefused as refused:
                 self._record(current, depth, refused.outcome, detail=refused.detail, bytes=refused.nbytes)
                 return

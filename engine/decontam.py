@@ -6,12 +6,11 @@ words is hashed to 64 bits (per-word BLAKE2b folded with a polynomial, vectorise
 a document is contaminated when any of its window hashes occurs in an eval set. Eval items
 shorter than `ngram` words cannot match and are counted as `items_too_short`.
 
-Relative eval-set paths are resolved against `base_dir` (the pipeline passes the repository
-root, which pipeline.yaml's relative paths are relative to), never against the current directory.
+Relative eval-set paths are resolved against `base_dir` (default: the repository root, which
+pipeline.yaml's relative paths are relative to), never against the current directory.
 """
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -23,13 +22,15 @@ from typing import Iterable, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.paths import open_text, resolve_path
+
 # Fields that hold the text a model could have memorised, for the eval sets Kiln ships with.
 GSM8K_FIELDS = ["question", "answer"]
 HUMANEVAL_FIELDS = ["prompt", "canonical_solution"]
 
 _WORD_RE = re.compile(r"[^\W_]+")
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # odd, so the fold is a bijection per step
-_MAX_SPAN_CHARS = 400
+_MAX_SPAN_CHARS = 400  # a matching span as kept in the manifest: enough to read the overlap in context
 
 
 class EvalSetConfig(BaseModel):
@@ -60,6 +61,13 @@ class DecontamConfig(BaseModel):
     ngram: int = Field(13, ge=3, le=64, description="Words per n-gram (13 as in GPT-3).")
     mode: Literal["remove", "flag"] = Field("remove", description="remove: drop matching documents; flag: report only.")
     max_examples: int = Field(5, ge=0, description="Matching spans kept per eval set in the report.")
+    examples_shown: int = Field(
+        3, ge=0, description="Matching spans per eval set shown in mixed_shards' metadata (the manifest keeps "
+        "max_examples, so at most that many).")
+    shown_span_chars: int = Field(
+        160, ge=20, le=_MAX_SPAN_CHARS,
+        description=f"Characters of a matching span shown in mixed_shards' metadata; a longer span is cut and ends "
+        f"in '...' (the manifest keeps up to {_MAX_SPAN_CHARS}).")
 
     @field_validator("eval_sets")
     @classmethod
@@ -91,20 +99,11 @@ def ngram_hashes(words: list[str], n: int) -> np.ndarray:
     return out
 
 
-def _open_text(path: str):
-    return gzip.open(path, "rt", encoding="utf-8") if path.endswith(".gz") else open(path, encoding="utf-8")
-
-
-def eval_set_path(eval_set: EvalSetConfig, base_dir: str | os.PathLike | None = None) -> str:
-    """The file of `eval_set`: its path as configured when absolute (or no base), else under base_dir."""
-    path = os.path.expanduser(eval_set.path)
-    return path if base_dir is None or os.path.isabs(path) else os.path.join(os.fspath(base_dir), path)
-
-
 def load_eval_items(eval_set: EvalSetConfig, base_dir: str | os.PathLike | None = None) -> list[tuple[str, list[str]]]:
-    """(item id, texts of the configured fields) per JSONL line."""
+    """(item id, texts of the configured fields) per JSONL line; a relative path is under
+    `base_dir` (default: the repository root)."""
     items = []
-    with _open_text(eval_set_path(eval_set, base_dir)) as f:
+    with open_text(resolve_path(eval_set.path, base_dir)) as f:
         for line_no, line in enumerate(f):
             if not line.strip():
                 continue
@@ -163,8 +162,12 @@ def _first_run_span(text: str, word_spans: list[tuple[int, int]], hit_positions:
         if int(p) != end + 1:
             break
         end = int(p)
-    span = text[word_spans[start][0]:word_spans[end + n - 1][1]]
-    return span if len(span) <= _MAX_SPAN_CHARS else span[:_MAX_SPAN_CHARS] + "..."
+    return clip_span(text[word_spans[start][0]:word_spans[end + n - 1][1]], _MAX_SPAN_CHARS)
+
+
+def clip_span(span: str, chars: int) -> str:
+    """`span` cut to `chars` characters, with '...' marking a cut."""
+    return span if len(span) <= chars else span[:chars] + "..."
 
 
 def scan_documents(docs: Iterable[tuple[str, str]], index: EvalNgramIndex, max_examples: int = 5) -> dict:

@@ -56,7 +56,9 @@ _SINGLE_BYTE = {"cp1252", "iso8859-1", "latin-1", "ascii"}
 # then a WET conversion (text someone else extracted).
 _KIND_RANK = {"http": 0, "resource": 1, "conversion": 2}
 # Repeated doc_ids up to this many are broadcast to the join that drops the extra copies (so the
-# documents' text is not shuffled); beyond it Spark plans the join itself.
+# documents' text is not shuffled); beyond it Spark plans the join itself. An engine constant, not a
+# `documents` setting: it picks a plan, never the rows (so it must stay out of the code_version),
+# and only caps the broadcast table (doc_id and keep key, ~100 bytes a row: ~20 MB).
 _BROADCAST_DUPLICATES = 200_000
 
 

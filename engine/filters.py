@@ -183,9 +183,11 @@ class Rule:
     field: str = ""  # the FilterConfig field that sets it (named in each rejection's detail)
 
 
+MISSING_SIGNALS = "missing_signals"  # no quality_signals row: rejected before any rule of rules(cfg)
+LANGUAGE_NOT_ALLOWED = "language_not_allowed"
 # Rules without a numeric threshold: their rejections have null value and threshold, and say
 # why in `detail` only.
-NON_THRESHOLD_RULES = ("missing_signals", "language_not_allowed")
+NON_THRESHOLD_RULES = (MISSING_SIGNALS, LANGUAGE_NOT_ALLOWED)
 
 
 # How a threshold rule's value compares with its threshold when the rule fires.
@@ -206,7 +208,7 @@ def rules(cfg: FilterConfig) -> list[Rule]:
 
     add("url_blocklisted", "url_blocklisted", "ge", "drop_url_blocklisted", switch=True)
     # Not a threshold rule: fires when `language` is not in cfg.languages.
-    out.append(Rule("language_not_allowed", "language", "not_in", math.nan, "all", "languages"))
+    out.append(Rule(LANGUAGE_NOT_ALLOWED, "language", "not_in", math.nan, "all", "languages"))
     add("language_score", "language_score", "lt", "min_language_score")
 
     add("dup_para_frac", "dup_para_frac", "gt", "max_dup_para_frac")
@@ -429,9 +431,9 @@ def rule_detail(rule: str, value: float, threshold: float, *, cfg: FilterConfig,
                 language_score: float = math.nan, spec: Rule | None = None) -> str:
     """One self-explanatory line per rejection: the signal, its value, and the setting it broke.
     `spec`: the Rule named `rule` (looked up in rules(cfg) when not given)."""
-    if rule == "missing_signals":
+    if rule == MISSING_SIGNALS:
         return "no quality_signals row for this doc_id"
-    if rule == "language_not_allowed":
+    if rule == LANGUAGE_NOT_ALLOWED:
         score = f" (score {language_score:.2f})" if language_score == language_score else ""
         shown = repr(language) if language is not None else "unknown"
         return f"language {shown}{score} not in languages [{', '.join(cfg.languages)}]"
@@ -463,7 +465,7 @@ def first_rule_fired(
     value = np.full(n, np.nan)
     threshold = np.full(n, np.nan)
     language = pdf["language"].to_numpy(dtype=object) if "language" in pdf.columns else np.full(n, None, dtype=object)
-    names = ["missing_signals"]
+    names = [MISSING_SIGNALS]
     specs: list[Rule | None] = [None]
     undecided = np.ones(n, dtype=bool)
     if "_has_signals" in pdf.columns:
@@ -480,6 +482,7 @@ def first_rule_fired(
         else:
             values = _column(pdf, rule.signal)
             hit = _fire_mask(rule, values, language, cfg) & undecided
+        if rule.name not in NON_THRESHOLD_RULES:  # those stay NaN (null): `detail` says why
             value[hit] = values[hit]
             threshold[hit] = rule.threshold
         fired[hit] = len(names) - 1

@@ -364,8 +364,8 @@ def build_mixture(tokenized_dirs: list[str], out_dir: str, cfg: MixConfig | None
 
     `doc_texts` (mapping doc_id -> text, or one or more Parquet files/folders with doc_id and
     text, e.g. the deduplicated `kept/` folders) is required when `cfg.decontam.eval_sets`
-    is non-empty; relative eval-set paths are resolved against `eval_sets_base_dir` (the asset
-    passes the repository root). Warnings (heavy repetition, missing validation) are also listed
+    is non-empty; relative eval-set paths are resolved against `eval_sets_base_dir` (default: the
+    repository root, as pipeline.yaml's paths are). Warnings (heavy repetition, missing validation) are also listed
     in the manifest under "warnings".
     """
     import pyarrow as pa

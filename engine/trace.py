@@ -109,7 +109,7 @@ def passed_rules(filter_config: dict | None, signals: dict | None, c4_lines: byt
     if filter_config is None or signals is None:
         return None
     try:
-        from engine.filters import FilterConfig, c4_line_outcome, rules
+        from engine.filters import LANGUAGE_NOT_ALLOWED, FilterConfig, c4_line_outcome, rules
 
         cfg = FilterConfig(**filter_config)
         active = rules(cfg)
@@ -121,7 +121,7 @@ def passed_rules(filter_config: dict | None, signals: dict | None, c4_lines: byt
         signals = {**signals, **{name: int(values[0]) for name, values in page.items()}}
     out = []
     for rule in active:
-        if rule.name == "language_not_allowed":
+        if rule.name == LANGUAGE_NOT_ALLOWED:
             out.append({"rule": rule.name, "signal": "language", "value": language, "condition": "in",
                         "threshold": list(cfg.languages), "passed": language in cfg.languages})
             continue

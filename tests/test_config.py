@@ -58,3 +58,41 @@ def test_definitions_fail_to_load_on_invalid_config(tmp_path):
                             env={**os.environ, "KILN_CONFIG": str(bad)})
     assert result.returncode != 0
     assert "training.steps" in result.stderr
+
+
+def test_classifier_code_version_hashes_only_the_reference_files_it_reads(tmp_path):
+    """A reference folder is hashed as quality_classifier reads it (reference_patterns minus
+    reference_exclude): a README beside the corpus is not part of its code_version."""
+    import os
+
+    from workflows.config import code_version
+
+    corpus = tmp_path / "prose"
+    (corpus / "part").mkdir(parents=True)
+    (corpus / "part" / "book.txt").write_text("A reference paragraph.\n\nAnother one.\n", encoding="utf-8")
+    (corpus / "README.md").write_text("Where the books came from.\n", encoding="utf-8")
+    (corpus / "SOURCE.txt").write_text("https://example.org/books\n", encoding="utf-8")  # a *.txt, but excluded
+    data = base()
+    data["quality_classifier"]["reference_paths"] = [str(corpus)]
+    config = parse_config(data)
+    before = code_version(config, "quality_classifier")
+
+    for excluded in ("README.md", "SOURCE.txt"):
+        (corpus / excluded).write_text("Edited provenance notes, longer than before.\n", encoding="utf-8")
+        (corpus / "notes.md").write_text("not a reference pattern\n", encoding="utf-8")
+    assert code_version(config, "quality_classifier") == before
+
+    book = corpus / "part" / "book.txt"
+    book.write_text(book.read_text(encoding="utf-8") + "\nA third paragraph.\n", encoding="utf-8")
+    os.utime(book, ns=(2, 2))  # the hash cache is keyed by (path, mtime, size): a new mtime, set explicitly
+    assert code_version(config, "quality_classifier") != before
+
+
+def test_a_reference_folder_without_readable_files_names_the_field(tmp_path):
+    from workflows.config import code_version
+
+    (tmp_path / "README.md").write_text("only notes here\n", encoding="utf-8")
+    data = base()
+    data["quality_classifier"]["reference_paths"] = [str(tmp_path)]
+    with pytest.raises(ConfigError, match=r"quality_classifier\.reference_paths\.0: .*no file matching"):
+        code_version(parse_config(data), "quality_classifier")

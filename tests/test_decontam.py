@@ -123,19 +123,19 @@ def _pipeline_with_eval_set(path: str) -> dict:
 def test_relative_eval_set_path_is_relative_to_the_repo_root_not_the_cwd(eval_sets, gsm8k_items, tmp_path, monkeypatch):
     import os
 
-    from engine.decontam import eval_set_path
-    from workflows.config import REPO_ROOT, parse_config
+    from workflows.config import REPO_ROOT, parse_config, resolve_path
 
     relative = os.path.relpath(eval_sets[0].path, REPO_ROOT)  # ../shared/data/... in this checkout
     monkeypatch.chdir(tmp_path)
     config = parse_config(_pipeline_with_eval_set(relative))
     eval_set = config.mix.decontam.eval_sets[0]
     assert eval_set.path == relative  # the config stays as written (it is hashed into code_version)
-    assert os.path.samefile(eval_set_path(eval_set, REPO_ROOT), eval_sets[0].path)
+    assert os.path.samefile(resolve_path(eval_set.path), eval_sets[0].path)
     docs = [("planted", FILLER + gsm8k_items[3]["question"])]
+    assert decontaminate(docs, config.mix.decontam)[0] == {"planted"}  # from tmp_path, not the repo
     assert decontaminate(docs, config.mix.decontam, base_dir=REPO_ROOT)[0] == {"planted"}
-    with pytest.raises(FileNotFoundError):  # what the old cwd-relative open did
-        decontaminate(docs, config.mix.decontam)
+    with pytest.raises(FileNotFoundError):  # another base is honoured, not the repo root
+        decontaminate(docs, config.mix.decontam, base_dir=tmp_path)
 
 
 def test_missing_eval_set_fails_at_config_load_naming_the_field():

@@ -32,17 +32,20 @@ from engine.tokenize import DOC_INDEX_FILE, shard_prefix, token_dtype, write_ind
 from engine.tokenizer import BOS_ID, EOS_ID, TokenizerConfig, train_tokenizer
 from training.data import TrainBatches
 from training.evaluate import (
-    build_cloze_items, evaluate_checkpoint, generate_samples, lm_eval_unavailable, load_hf_export, run_lm_eval,
-    score_cloze,
+    build_cloze_items, evaluate_checkpoint, generate_samples, lm_eval_runtime, lm_eval_unavailable, load_hf_export,
+    run_lm_eval, score_cloze,
 )
 from training.export import load_exported, save_export
 from training.model import ModelConfig, build_model
+from workflows.config import ConfigError, EvaluationConfig, parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 LM_EVAL_TASKS = REPO / "tests" / "data" / "lm_eval_task"
 SEQ_LEN = 64
 INIT_SEED = 7
 PROMPTS = ["The farmer keeps the bicycle in the", "Every evening my aunt read the"]
+# lm_eval's device, dtype and batch size as the pipeline config's defaults set them.
+LM_EVAL_RUNTIME = {name: getattr(EvaluationConfig(), f"lm_eval_{name}") for name in ("device", "dtype", "batch_size")}
 PLANTED = "the lighthouse keeper counted eleven silver boats drifting past the northern harbour wall before dawn"
 
 # A grammar whose last word follows from the object, so a tiny model can learn the cloze.
@@ -146,7 +149,8 @@ def documents(run) -> list[tuple[str, str, str]]:
 
 def evaluate_run(run, documents, **overrides) -> dict:
     settings = dict(init_seed=INIT_SEED, max_sequences_per_bucket=16, cloze_items_per_bucket=24,
-                    cloze_min_context_words=12, prompts=PROMPTS, sample_max_new_tokens=12, seed=3)
+                    cloze_min_context_words=12, prompts=PROMPTS, sample_max_new_tokens=12, seed=3,
+                    **{f"lm_eval_{name}": value for name, value in LM_EVAL_RUNTIME.items()})
     return evaluate_checkpoint(run["export"], run["mixed"], documents, **(settings | overrides), log=lambda _: None)
 
 
@@ -383,7 +387,7 @@ def test_lm_eval_step_skips_with_a_clear_reason_without_lm_eval(run, monkeypatch
     import training.evaluate as evaluate
 
     monkeypatch.setattr(evaluate, "lm_eval_version", lambda: None)
-    result = evaluate.run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"])
+    result = evaluate.run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], **LM_EVAL_RUNTIME)
     assert result["status"] == "skipped" and "[eval]" in result["reason"]
 
 
@@ -393,8 +397,12 @@ def test_lm_eval_runs_the_tiny_local_tasks_offline_and_folds_into_the_report(run
     reason = lm_eval_unavailable()
     if reason is not None:
         skip_or_fail("lm_eval", reason)
-    result = run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0)
+    result = run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0, **LM_EVAL_RUNTIME)
     assert result["model"] == "hf" and result["model_args"]["prefix_token_id"] == EOS_ID
+    # "auto" resolved to this host's device and dtype, and the results say which.
+    device, dtype = lm_eval_runtime("auto", "auto")
+    assert {k: result["model_args"][k] for k in ("device", "dtype", "batch_size")} == {
+        "device": device, "dtype": dtype, "batch_size": LM_EVAL_RUNTIME["batch_size"]}
     assert os.environ["HF_DATASETS_OFFLINE"] == "1" and os.environ["HF_HUB_OFFLINE"] == "1"
     assert result["status"] == "ok"
     assert set(result["tasks"]) == {"kiln_tiny_choice", "kiln_tiny_lastword", "kiln_tiny_ppl"}
@@ -402,10 +410,25 @@ def test_lm_eval_runs_the_tiny_local_tasks_offline_and_folds_into_the_report(run
     assert 0 <= result["tasks"]["kiln_tiny_choice"]["acc"] <= 1
     assert result["higher_is_better"]["kiln_tiny_ppl"]["bits_per_byte"] is False
     assert 0 < result["tasks"]["kiln_tiny_ppl"]["bits_per_byte"] < 20
-    assert run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0) == result
+    assert run_lm_eval(run["export"], LM_EVAL_TASKS, ["kiln_tiny"], limit=6, seed=0, **LM_EVAL_RUNTIME) == result
     report = build_report({**metrics, "lm_eval": result})
     assert "kiln_tiny_choice" in report.markdown and "Skipped" not in report.markdown.split("lm-evaluation-harness")[1]
     assert "lm_eval.acc/kiln_tiny_choice" in key_metrics({**metrics, "lm_eval": result})
+
+
+def test_lm_eval_runtime_auto_picks_the_gpu_and_bf16_only_where_there_is_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert lm_eval_runtime("auto", "auto") == ("cpu", "float32")
+    assert lm_eval_runtime("cpu", "bfloat16") == ("cpu", "bfloat16")  # explicit values pass through
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert lm_eval_runtime("auto", "auto") == ("cuda", "bfloat16")
+    assert lm_eval_runtime("cuda:1", "auto") == ("cuda:1", "bfloat16")
+    assert lm_eval_runtime("cpu", "auto") == ("cpu", "float32")  # a GPU host told to use its CPU
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # e.g. a V100
+    assert lm_eval_runtime("auto", "auto") == ("cuda", "float32")
+    with pytest.raises(ConfigError, match="evaluation.lm_eval_device"):
+        parse_config({"evaluation": {"lm_eval_device": "tpu"}})
 
 
 @pytest.mark.parametrize("store", ["sqlite", "file"])

@@ -249,7 +249,8 @@ def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path, monkeypat
 
     question = json.loads((shared_data / "decontam" / "gsm8k_test" / "grade_school_math_data_test.jsonl")
                           .read_text(encoding="utf-8").splitlines()[7])["question"]
-    shown = decontam_metadata(json.loads((tmp_path / "remove" / "manifest.json").read_text()))
+    manifest = json.loads((tmp_path / "remove" / "manifest.json").read_text())
+    shown = decontam_metadata(manifest, DecontamConfig())
     table = shown["decontamination"].value
     assert "mode `remove`, 13-grams: 1 of " in table
     assert ("| eval_set | items | items_too_short | items_matched | documents_matched | documents_removed | "
@@ -257,9 +258,15 @@ def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path, monkeypat
     assert "| gsm8k | 1319 | 0 | 1 | 1 | 1 | 0 |" in table
     examples = shown["decontamination_examples"].value
     assert f"| gsm8k | 7 | {PLANTED_DOC} |" in examples and " ".join(question.split()[:8]) in examples
-    flagged_table = decontam_metadata(flagged)["decontamination"].value
+    # How much is shown is config (mix.decontam), not the manifest: a span cut short ends in "...".
+    short = decontam_metadata(manifest, DecontamConfig(shown_span_chars=20))["decontamination_examples"].value
+    span = manifest["decontam"]["eval_sets"]["gsm8k"]["examples"][0]["span"].replace("\n", " ")  # as a table cell
+    assert len(span) > 20 and f"| {span[:20]}... |" in short and span[:21] not in short
+    none_shown = decontam_metadata(manifest, DecontamConfig(examples_shown=0))["decontamination_examples"].value
+    assert PLANTED_DOC not in none_shown
+    flagged_table = decontam_metadata(flagged, DecontamConfig())["decontamination"].value
     assert "mode `flag`" in flagged_table and "| gsm8k | 1319 | 0 | 1 | 1 | 0 | 1 |" in flagged_table
-    assert "off" in decontam_metadata({"decontam": {"enabled": False}})["decontamination"].value
+    assert "off" in decontam_metadata({"decontam": {"enabled": False}}, DecontamConfig())["decontamination"].value
 
 
 def test_decontam_without_texts_is_an_error(env, shared_data, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from training.launch import _redactor, build_command, child_environment, main as
 from training.model import (
     Attention, ModelConfig, apply_rope, build_model, rope_cos_sin, weights_fingerprint,
 )
+from training.settings import SharedTrainingSettings
 from training.train import SkipGuard
 
 TINY = dict(vocab_size=64, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, hidden_dim=64, max_seq_len=32)
@@ -155,6 +157,28 @@ def test_presets_resolve_and_count_parameters():
         ModelConfig.from_preset("7B")
 
 
+@pytest.mark.parametrize("overrides, field, problem", [
+    ({"n_kv_heads": 3}, "n_kv_heads", "n_heads 4 is not a multiple of n_kv_heads 3"),
+    ({"dim": 130}, "dim", "dim 130 is not divisible by n_heads 4"),
+    ({"n_heads": 3}, "n_heads", "dim 128 is not divisible by n_heads 3"),
+    ({"dim": 120, "n_heads": 8, "n_kv_heads": 8}, "dim", "head_dim 15 (dim / n_heads) must be even"),
+])
+def test_model_overrides_are_checked_against_the_preset_at_config_load(overrides, field, problem):
+    """The pipeline config's training.model overrides fail at load with the field named (not when the
+    ranks start), and loading the config imports no torch."""
+    code = ("import sys, json; from workflows.config import ConfigError, parse_config\n"
+            "try: parse_config({'training': {'preset': 'tiny', 'model': json.loads(sys.argv[1])}})\n"
+            "except ConfigError as error: print(error)\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(overrides)], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, check=True)
+    assert f"training.model.{field}: {problem}" in done.stdout and "(preset tiny)" in done.stdout, done.stdout
+    assert done.stdout.strip().endswith("no torch")
+    # The same rule where the model is built: no config that passes one check fails the other.
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        ModelConfig.from_preset("tiny", **overrides)
+
+
 # ---------------------------------------------------------------- data
 
 def _drain(reader: TrainBatches, n: int) -> list[torch.Tensor]:
@@ -249,8 +273,12 @@ def test_deepspeed_config_is_zero3_and_rejects_conflicts(random_shards, tmp_path
     assert (model_cfg.vocab_size, model_cfg.max_seq_len, model_cfg.eos_id) == (64, 16, 2)
 
 
+def guard_with(**settings) -> SkipGuard:
+    return SkipGuard(SharedTrainingSettings(**settings))
+
+
 def test_skip_guard_aborts_after_too_many_consecutive_skips():
-    guard = SkipGuard(max_consecutive=2)
+    guard = guard_with(max_consecutive_skips=2)
     for reason in ("non_finite", "spike", None, "non_finite", "non_finite"):
         guard.record(reason, step=1, loss=float("nan"), grad_norm=float("nan"))
     assert guard.total == 4 and guard.by_reason == {"non_finite": 3, "spike": 1}
@@ -259,7 +287,7 @@ def test_skip_guard_aborts_after_too_many_consecutive_skips():
 
 
 def test_spike_window_statistics():
-    guard = SkipGuard(max_consecutive=5, spike_k=3.0, window=4, min_history=3)
+    guard = guard_with(spike_k=3.0, spike_window=4, spike_min_history=3)
     assert guard.spike_threshold() is None
     for loss in (5.0, 4.0):
         guard.record(None, step=0, loss=loss, grad_norm=1.0)
@@ -279,7 +307,7 @@ def test_spike_window_statistics():
     # Round trip through what a checkpoint stores (plain floats and ints, weights_only-safe).
     state = guard.state_dict()
     assert json.loads(json.dumps(state)) == state
-    resumed = SkipGuard(max_consecutive=5, spike_k=3.0, window=4, min_history=3)
+    resumed = guard_with(spike_k=3.0, spike_window=4, spike_min_history=3)
     resumed.load_state_dict(state)
     assert resumed.spike_threshold() == before
     assert (resumed.total, resumed.consecutive, resumed.by_reason) == (2, 2, {"non_finite": 1, "spike": 1})
@@ -287,10 +315,51 @@ def test_spike_window_statistics():
     assert list(resumed.losses) == [3.0, 2.0, 1.0, 0.5] and resumed.consecutive == 0
 
     for off in (None, 0.0, -1.0):  # disabled
-        disabled = SkipGuard(max_consecutive=5, spike_k=off, window=4, min_history=2)
+        disabled = guard_with(spike_k=off, spike_window=4, spike_min_history=2)
         for loss in (1.0, 1.0, 1.0):
             disabled.record(None, step=1, loss=loss, grad_norm=1.0)
         assert disabled.spike_threshold() is None
+
+
+def run_guard_step(guard: SkipGuard, step: int, micro_losses: list[float]) -> tuple[list[bool], str | None]:
+    """One optimizer step through the guard as train.py runs it: each micro-batch's (all-reduced)
+    loss is appended, `poison` decides before that micro-batch's backward, `verdict` reads it back."""
+    threshold, seen, poisoned = guard.spike_threshold(), [], []
+    for i, value in enumerate(micro_losses):
+        seen.append(torch.tensor(value, dtype=torch.float32))
+        poisoned.append(bool(guard.poison(seen, threshold, last=i == len(micro_losses) - 1)))
+    step_loss, reason = guard.verdict(seen, threshold)
+    guard.record(reason, step, step_loss, grad_norm=1.0)
+    return poisoned, reason
+
+
+def test_spike_guard_with_gradient_accumulation_tests_the_step_loss():
+    """grad_accum_steps = 8, micro-batch losses i.i.d. Gaussian: the window holds step losses (means
+    of 8), so the step loss, not a single micro-batch (sqrt(8) times noisier), is what is tested.
+    With the defaults (k = 6 over 100 steps) no healthy step is skipped; a real spike still is."""
+    gas, mean, sigma, steps = 8, 3.0, 0.3, 3000
+    settings = SharedTrainingSettings()
+    guard = SkipGuard(settings)
+    rng = np.random.default_rng(0)
+    losses = rng.normal(mean, sigma, size=(steps, gas)).astype(np.float32)
+    # The data is a fair test: each micro-batch against mean + k·σ of step losses would fire often.
+    step_sigma = sigma / math.sqrt(gas)
+    assert (losses[settings.spike_min_history:] > mean + settings.spike_k * step_sigma).any(axis=1).sum() > 100
+
+    reasons = [run_guard_step(guard, step, row.tolist())[1] for step, row in enumerate(losses, 1)]
+    assert reasons.count("spike") == 0 and guard.total == 0
+    assert guard.spike_threshold() == pytest.approx(mean + settings.spike_k * step_sigma, rel=0.05)
+
+    # The loss jumps on every micro-batch (divergence): the step is poisoned at its last micro-batch.
+    poisoned, reason = run_guard_step(guard, steps + 1, [mean + 10 * step_sigma] * gas)
+    assert reason == "spike" and poisoned == [False] * (gas - 1) + [True]
+    # One micro-batch 50 times the loss (a bad batch) lifts the step loss far above the threshold.
+    poisoned, reason = run_guard_step(guard, steps + 2, [mean] * (gas - 1) + [50 * mean])
+    assert reason == "spike" and poisoned[-1]
+    # A non-finite micro-batch is poisoned at once, whatever follows.
+    poisoned, reason = run_guard_step(guard, steps + 3, [mean, float("inf")] + [mean] * (gas - 2))
+    assert reason == "non_finite" and poisoned[1]
+    assert guard.by_reason == {"non_finite": 1, "spike": 2} and len(guard.losses) == settings.spike_window
 
 
 def test_mfu_only_against_a_known_gpu_peak():
@@ -559,7 +628,7 @@ def test_dry_run_of_a_multi_node_launch(random_shards, tmp_path, capsys):
 def test_training_package_never_imports_dagster():
     """training/ runs standalone: neither dagster nor dagster_pipes is imported outside Pipes."""
     code = ("import sys, training.train, training.launch, training.reporting, training.export, "
-            "training.evaluate; bad = [m for m in sys.modules if m.split('.')[0] in ('dagster', 'dagster_pipes')]; "
+            "training.evaluate, training.provenance; bad = [m for m in sys.modules if m.split('.')[0] in ('dagster', 'dagster_pipes')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES")}
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], env=env,
@@ -750,10 +819,11 @@ def test_two_rank_zero3_run(two_rank_run):
 
     model, cfg = load_exported(out / "export")
     assert (out / "export" / "tokenizer.model").exists() and cfg.tie_embeddings
-    # Lineage: what the weights were trained from, and nothing that changes on a rerun.
+    # Lineage: what the weights were trained from, and nothing that changes on a rerun (not the
+    # commit either: export/* is the checkpoints data version; the commit is an MLflow tag).
     assert json.loads((out / "export" / "export_meta.json").read_text()) == {
         "step": TRAIN_STEPS, "seed": 11, "init_fingerprint": result["init_fingerprint"],
-        "data_versions": {"mixed_shards": MIXED_VERSION}, "git_commit": _head_commit()}
+        "data_versions": {"mixed_shards": MIXED_VERSION}}
     assert model.lm_head.weight.abs().sum() > 0
     # The step-0 model is build_model(cfg, seed): the same weights training started from.
     initial = build_model(cfg, two_rank_run["config"]["seed"])
@@ -783,6 +853,7 @@ def test_two_rank_zero3_run(two_rank_run):
     client = mlflow.MlflowClient(two_rank_run["config"]["mlflow"]["tracking_uri"])
     run = client.get_run(result["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["kiln.test"] == "yes"
+    assert run.data.tags["git_commit"] == _head_commit()  # run.json left it null: this checkout's HEAD
     params = run.data.params
     assert params["model.dim"] == "128" and params["world_size"] == "2" and params["optim.lr"] == "0.003"
     assert params["batch.grad_accum_steps"] == "2" and params["data.seq_len"] == "64"

@@ -55,8 +55,9 @@ class RunConfig(SharedTrainingSettings):
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (matrices only, not norm gains).")
     checkpoint_every: int = Field(100, ge=1, description="Checkpoint cadence in steps (the final step is saved too).")
     export: bool = Field(True, description="Consolidate the final checkpoint into export/.")
-    git_commit: str | None = Field(None, description="Commit of the code (recorded in export_meta.json); null: "
-                                                     "`git rev-parse HEAD` of this checkout, if it is one.")
+    git_commit: str | None = Field(None, description="Commit of the code (the MLflow run's `git_commit` tag; not in "
+                                                     "export/, so it never changes the checkpoints data version); "
+                                                     "null: `git rev-parse HEAD` of this checkout, if it is one.")
     mlflow: MlflowRunConfig = Field(default_factory=MlflowRunConfig)
     data_versions: dict[str, str] = Field(
         default_factory=dict,

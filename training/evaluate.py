@@ -339,13 +339,26 @@ def _prepare_lm_eval_tasks(task_dir: Path, into: Path) -> None:
         path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
-def run_lm_eval(export_dir: str | Path, task_dir: str | Path, tasks: list[str], *, limit: int | None = None,
-                seed: int = 0) -> dict:
+def lm_eval_runtime(device: str, dtype: str) -> tuple[str, str]:
+    """evaluation.lm_eval_device / lm_eval_dtype with "auto" resolved: the first GPU when there is
+    one, else the CPU; bfloat16 on a GPU that supports it, else float32 (CPUs run bf16 matmuls
+    slowly, and fp32 keeps CPU results exact run to run)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        on_gpu = device.startswith("cuda") and torch.cuda.is_available()
+        dtype = "bfloat16" if on_gpu and torch.cuda.is_bf16_supported() else "float32"
+    return device, dtype
+
+
+def run_lm_eval(export_dir: str | Path, task_dir: str | Path, tasks: list[str], *, device: str, dtype: str,
+                batch_size: int, limit: int | None = None, seed: int = 0) -> dict:
     """Run lm-evaluation-harness tasks from a local folder, offline, on the HF export, through
     lm_eval's own `hf` model (`pretrained=<export_dir>`), as users run it.
 
     The export holds the Hugging Face tokenizer, so lm_eval tokenizes exactly like SentencePiece.
-    One model argument beyond `pretrained`: `prefix_token_id` = EOS, the token lm_eval puts in
+    `device`, `dtype` ("auto" allowed, see lm_eval_runtime) and `batch_size` are evaluation config
+    fields. One model argument beyond those: `prefix_token_id` = EOS, the token lm_eval puts in
     front of a text it scores from its start (rolling log-likelihood, empty contexts). Its default
     is BOS, which Kiln's models never saw: documents are packed with EOS between them, so EOS is
     what a document start looks like in training. The same command line works by hand:
@@ -371,8 +384,9 @@ def run_lm_eval(export_dir: str | Path, task_dir: str | Path, tasks: list[str], 
         return {"status": "skipped", "reason": f"{export_dir} has no Hugging Face tokenizer (tokenizer.json): its "
                                                "tokenizer artifact has no hf/ folder (transformers was missing)"}
     eos_id = json.loads((export_dir / "config.json").read_text()).get("eos_token_id")
-    # fp32 on CPU with batch size 1, like the rest of the evaluation: no padding, the same numbers every run.
-    model_args = {"pretrained": str(export_dir), "dtype": "float32", "device": "cpu", "batch_size": 1,
+    device, dtype = lm_eval_runtime(device, dtype)
+    # The resolved values go into the results (model_args), so a report says what it ran on.
+    model_args = {"pretrained": str(export_dir), "dtype": dtype, "device": device, "batch_size": batch_size,
                   **({"prefix_token_id": eos_id} if eos_id is not None else {})}
     with tempfile.TemporaryDirectory(prefix="kiln-lm-eval-") as tmp:
         _prepare_lm_eval_tasks(task_dir, Path(tmp) / "tasks")
@@ -407,6 +421,7 @@ def evaluate_checkpoint(export_dir: str | Path, mixed_shards_dir: str | Path,
                         sample_max_new_tokens: int = 48, sample_temperature: float = 0.8, sample_top_k: int = 40,
                         seed: int = 0, lm_eval_task_dir: str | Path | None = None,
                         lm_eval_tasks: Iterable[str] = (), lm_eval_limit: int | None = None,
+                        lm_eval_device: str, lm_eval_dtype: str, lm_eval_batch_size: int,
                         log: Callable[[str], None] = print) -> dict:
     """Every number of the evaluation report for the exported model and its step-0 model.
 
@@ -450,8 +465,9 @@ def evaluate_checkpoint(export_dir: str | Path, mixed_shards_dir: str | Path,
                                           seed=seed, temperature=sample_temperature, top_k=sample_top_k)
     if lm_eval_task_dir and lm_eval_tasks:
         log(f"running lm_eval tasks {list(lm_eval_tasks)} from {lm_eval_task_dir}")
-        metrics["lm_eval"] = run_lm_eval(export_dir, lm_eval_task_dir, list(lm_eval_tasks),
-                                         limit=lm_eval_limit, seed=seed)
+        metrics["lm_eval"] = run_lm_eval(export_dir, lm_eval_task_dir, list(lm_eval_tasks), device=lm_eval_device,
+                                         dtype=lm_eval_dtype, batch_size=lm_eval_batch_size, limit=lm_eval_limit,
+                                         seed=seed)
     else:
         metrics["lm_eval"] = {"status": "skipped",
                               "reason": "no lm_eval task configured (evaluation.lm_eval_task_dir / lm_eval_tasks)"}

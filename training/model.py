@@ -17,17 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-# Presets follow published shapes: 125M/350M are GPT-3-paper sizes with Llama blocks, 1B is
-# Llama-3.2-1B's shape. vocab_size is a placeholder: training overrides it with the tokenizer's.
-PRESETS: dict[str, dict] = {
-    "tiny": dict(dim=128, n_layers=4, n_heads=4, n_kv_heads=2, hidden_dim=352, max_seq_len=512),
-    "125M": dict(dim=768, n_layers=12, n_heads=12, hidden_dim=2048, max_seq_len=2048),
-    "350M": dict(dim=1024, n_layers=24, n_heads=16, hidden_dim=2816, max_seq_len=2048),
-    "1B": dict(
-        dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, hidden_dim=8192, max_seq_len=2048,
-        rope_theta=500000.0,
-    ),
-}
+from training.settings import MODEL_PRESETS, model_shape_errors
 
 
 @dataclass
@@ -53,12 +43,9 @@ class ModelConfig:
         if self.hidden_dim is None:
             hidden = int(8 * self.dim / 3)
             self.hidden_dim = self.multiple_of * math.ceil(hidden / self.multiple_of)
-        if self.dim % self.n_heads:
-            raise ValueError(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim {self.head_dim} must be even for RoPE")
+        errors = model_shape_errors(dataclasses.asdict(self))
+        if errors:
+            raise ValueError("; ".join(message for _, message in errors))
 
     @property
     def head_dim(self) -> int:
@@ -66,9 +53,9 @@ class ModelConfig:
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "ModelConfig":
-        if name not in PRESETS:
-            raise ValueError(f"unknown model preset {name!r}; choose from {sorted(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
+        if name not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {name!r}; choose from {sorted(MODEL_PRESETS)}")
+        return cls(**{**MODEL_PRESETS[name], **overrides})
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -19,7 +19,6 @@ import random
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,9 @@ from training.config import build_deepspeed_config, lr_ratio, resolve_model_conf
 from training.data import TrainBatches, load_manifest
 from training.hardware import memory_metrics, mfu
 from training.model import build_model, weights_fingerprint
+from training.provenance import git_commit
 from training.reporting import SKIP_REASONS, Rank0Reporter
+from training.settings import SharedTrainingSettings
 
 DEBUG_HOLD_ENV = "KILN_DEBUG_HOLD"
 
@@ -44,27 +45,55 @@ class SkipGuard:
     """Decides which steps to skip and aborts the run after too many in a row.
 
     A step is skipped for a non-finite loss or gradient norm ("non_finite"), or for a loss spike
-    ("spike"): a micro-batch loss (the mean over ranks) above mean + k standard deviations
-    (population) of the last `window` accepted step losses, once `min_history` steps were
-    accepted. Skipped steps never enter the window, so a spike cannot raise its own threshold.
-    Every rank keeps its own guard; they agree because they see the same all-reduced losses.
+    ("spike"): a step loss above mean + k standard deviations (population) of the last `window`
+    accepted step losses, once `min_history` steps were accepted. A step loss is the mean of the
+    step's micro-batch losses (each the mean over ranks), the quantity the window holds: a single
+    micro-batch is noisier by about sqrt(grad_accum_steps), so testing it against step statistics
+    would skip healthy steps more often the more micro-batches a step has. Skipped steps never
+    enter the window, so a spike cannot raise its own threshold. Every rank keeps its own guard;
+    they agree because they see the same all-reduced losses.
     """
 
-    def __init__(self, max_consecutive: int, spike_k: float | None = None, window: int = 100,
-                 min_history: int = 20):
-        self.max_consecutive = max_consecutive
-        self.spike_k = spike_k if spike_k is not None and spike_k > 0 else None
-        self.min_history = min_history
-        self.losses: collections.deque[float] = collections.deque(maxlen=window)
+    def __init__(self, settings: SharedTrainingSettings):
+        self.max_consecutive = settings.max_consecutive_skips
+        self.spike_k = settings.spike_k if settings.spike_enabled else None
+        self.min_history = settings.spike_min_history
+        self.losses: collections.deque[float] = collections.deque(maxlen=settings.spike_window)
         self.consecutive = 0
         self.total = 0
         self.by_reason: dict[str, int] = {reason: 0 for reason in SKIP_REASONS}
 
     def spike_threshold(self) -> float | None:
-        """The loss above which a micro-batch counts as a spike now; None while the check is off."""
+        """The step loss above which a step counts as a spike now; None while the check is off."""
         if self.spike_k is None or len(self.losses) < self.min_history:
             return None
         return statistics.fmean(self.losses) + self.spike_k * statistics.pstdev(self.losses)
+
+    @staticmethod
+    def step_loss(micro_losses: list[torch.Tensor]) -> torch.Tensor:
+        """The mean of the step's micro-batch losses so far, in float64 on their device: the same
+        number on every rank, and the exact value the host later logs and compares."""
+        return torch.stack(micro_losses).double().mean()
+
+    def poison(self, micro_losses: list[torch.Tensor], threshold: float | None, last: bool) -> torch.Tensor:
+        """Whether the micro-batch whose loss is `micro_losses[-1]` must be poisoned (a bool tensor,
+        decided on the device without a host sync). A non-finite micro-batch is poisoned at once;
+        the spike test needs the step loss, so it is taken before the last micro-batch's backward.
+        Poisoning any micro-batch makes the accumulated gradient NaN, which discards the step."""
+        bad = ~torch.isfinite(micro_losses[-1])
+        if last and threshold is not None:
+            bad |= self.step_loss(micro_losses) > threshold
+        return bad
+
+    def verdict(self, micro_losses: list[torch.Tensor], threshold: float | None) -> tuple[float, str | None]:
+        """(step loss, why the step was poisoned or None), read back on the host from the same
+        tensors `poison` decided from."""
+        step_loss = float(self.step_loss(micro_losses))
+        if not all(math.isfinite(v) for v in torch.stack(micro_losses).tolist()):
+            return step_loss, "non_finite"
+        if threshold is not None and step_loss > threshold:
+            return step_loss, "spike"
+        return step_loss, None
 
     def record(self, reason: str | None, step: int, loss: float, grad_norm: float) -> None:
         """Account for a finished step: `reason` is None for an applied step, else why it was skipped."""
@@ -122,22 +151,12 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def git_commit() -> str | None:
-    """HEAD of the checkout this file is in, or None outside a git checkout."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
-
-
 def export_meta(cfg: dict, step: int, init_fingerprint: str) -> dict:
     """export_meta.json: what the exported weights were trained from. Only inputs that are the same
-    on a rerun (no timings, no paths, no run ids), since the export's files make the data version."""
+    on a rerun (no timings, paths, run ids or commit: a docs-only commit, or a resume under a later
+    one, trains the same weights), since the export's files make the checkpoints data version."""
     return {"step": step, "seed": cfg["seed"], "init_fingerprint": init_fingerprint,
-            "data_versions": dict(sorted(cfg["data_versions"].items())),
-            "git_commit": cfg["git_commit"] or git_commit()}
+            "data_versions": dict(sorted(cfg["data_versions"].items()))}
 
 
 def _free_port() -> int:
@@ -234,7 +253,7 @@ def train(config: dict | str | Path) -> dict | None:
     flops_per_token = model_cfg.train_flops_per_token(data.seq_len)
 
     step, tokens_seen, prior_wall_s, run_id = 0, 0, 0.0, None
-    guard = SkipGuard(cfg["max_consecutive_skips"], cfg["spike_k"], cfg["spike_window"], cfg["spike_min_history"])
+    guard = SkipGuard(SharedTrainingSettings.model_validate({k: cfg[k] for k in SharedTrainingSettings.model_fields}))
     # Every rank decides from the same files; only a committed, complete checkpoint is trusted.
     resume_tag, notes = checkpointing.resume_point(ckpt_dir, world_size)
     if rank == 0:
@@ -265,6 +284,8 @@ def train(config: dict | str | Path) -> dict | None:
 
     reporter = Rank0Reporter(cfg, out_dir, step, run_id) if rank == 0 else None
     if reporter:
+        # The code this process runs: a resumed run's tag names the commit that finished it.
+        commit = cfg["git_commit"] or git_commit()
         manifest = load_manifest(cfg["mixed_shards_dir"])
         reporter.start(
             params={
@@ -283,8 +304,8 @@ def train(config: dict | str | Path) -> dict | None:
                 "world_size": world_size, "zero_stage": 3, "bf16": use_bf16, "device": gpu_name or "cpu",
                 "deepspeed": ds_config,
             },
-            tags={**cfg["mlflow"].get("tags", {}), "kiln.out_dir": str(out_dir),
-                  "kiln.init_fingerprint": init_fingerprint},
+            tags={**({"git_commit": commit} if commit else {}), **cfg["mlflow"].get("tags", {}),
+                  "kiln.out_dir": str(out_dir), "kiln.init_fingerprint": init_fingerprint},
             fresh=run_id is None,
         )
         run_id = reporter.run_id
@@ -327,7 +348,7 @@ def train(config: dict | str | Path) -> dict | None:
             lr = engine.get_lr()[0]
             threshold = guard.spike_threshold()
             micro_losses = []
-            for _ in range(gas):
+            for micro in range(gas):
                 inputs, targets = data.next_batch()
                 loss = engine(inputs.to(device), targets.to(device))
                 if step in loss_scale_steps and rank == 0:
@@ -338,27 +359,21 @@ def train(config: dict | str | Path) -> dict | None:
                 mean_loss = loss.detach().float().clone()
                 dist.all_reduce(mean_loss)
                 mean_loss /= world_size
-                bad = ~torch.isfinite(mean_loss)
-                if threshold is not None:
-                    bad |= mean_loss > threshold
-                # A NaN loss makes every gradient NaN (an inf loss can have finite gradients), so
-                # ZeRO-3's global-norm check discards the step on every rank. Decided on the device,
-                # without a host sync; a factor of 1.0 leaves the loss bit-identical.
+                micro_losses.append(mean_loss)
+                bad = guard.poison(micro_losses, threshold, last=micro == gas - 1)
+                # A NaN loss makes this micro-batch's gradients NaN (an inf loss can have finite
+                # gradients), and DeepSpeed sums micro-batch gradients until the step's last one,
+                # so ZeRO-3's global-norm check discards the whole step on every rank. A factor of
+                # 1.0 leaves the loss bit-identical.
                 loss = loss * torch.where(bad, float("nan"), 1.0)
                 engine.backward(loss)
                 if hold == ("step", step) and rank == 0:
                     _hold_forever("step", step)  # the other ranks wait in a collective
                 engine.step()
-                micro_losses.append(mean_loss)
-            values = torch.stack(micro_losses).tolist()
-            step_loss = math.fsum(values) / gas
+            # reason: why Kiln poisoned the step, the same on every rank
+            step_loss, reason = guard.verdict(micro_losses, threshold)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
-            reason = None  # why Kiln poisoned the loss, the same on every rank
-            if not all(math.isfinite(v) for v in values):
-                reason = "non_finite"
-            elif threshold is not None and any(v > threshold for v in values):
-                reason = "spike"
             if reason is not None and engine.skipped_steps == skipped_before:
                 raise RuntimeError(f"step {step}: Kiln skipped it ({reason}) but DeepSpeed applied the update")
             if reason is None and (engine.skipped_steps > skipped_before or not math.isfinite(grad_norm)):

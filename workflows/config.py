@@ -12,20 +12,23 @@ import hashlib
 import json
 import os
 import re
+from functools import partial
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Callable, Iterable, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from engine.classifier import reference_files
 from engine.dedup import DedupConfig
 from engine.filters import FilterConfig
 from engine.mix import MixConfig
+from engine.paths import REPO_ROOT, resolve_path  # re-exported: config paths are relative to the repo root
 from engine.tokenizer import TokenizerConfig
-from training.settings import SharedTrainingSettings
+from training.settings import MODEL_PRESETS, SharedTrainingSettings, model_shape_errors
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG_PATH = REPO_ROOT / "workflows" / "pipeline.yaml"
 # Bump a stage's entry when its code changes in a way that changes its output.
 STAGE_CODE_VERSIONS = {
@@ -38,7 +41,7 @@ STAGE_CODE_VERSIONS = {
     "tokenizer": "4",  # 2: manifest, hf/ export; 3: unigram hf/ export; 4: seeded sample, hf/ byte_fallback
     "tokenized": "3",  # 2: shard = blake2b(doc_id) % num_shards, keys-only sort; 3: a doc index beside each shard
     "mixed_shards": "2",  # 2: per-eval-set removed/flagged counts in the decontam report
-    "checkpoints": "2",  # 2: export carries the HF tokenizer, export_meta.json lineage; spike guard
+    "checkpoints": "3",  # 2: HF tokenizer in the export, export_meta.json, spike guard; 3: step-loss spike test, no commit in export/
     "eval_report": "2",  # 2: lm_eval through its own hf model on the export
 }
 
@@ -119,7 +122,7 @@ class SeedCrawlSource(Section):
     )
     delay_seconds: float = Field(1.0, ge=0, le=600, description="Pause between requests to one host (a longer robots.txt Crawl-delay wins).")
     timeout_seconds: float = Field(10.0, gt=0, le=300, description="Connect and read timeout of each request.")
-    page_timeout_seconds: float = Field(60.0, gt=0, le=3600, description="Wall-clock limit for downloading one response.")
+    page_timeout_seconds: float = Field(60.0, gt=0, le=3600, description="Wall-clock limit for downloading one page, its redirect hops included.")
     max_redirects: int = Field(5, ge=0, le=20, description="Redirects followed per URL; loops are detected and dropped.")
     user_agent: str = Field(
         "KilnBot/0.1 (+https://github.com/kiln-pipeline/kiln)", min_length=1, max_length=256,
@@ -278,18 +281,12 @@ class TrainingModelConfig(Section):
     tie_embeddings: bool | None = Field(None, description="Share the input embedding and the output head.")
     init_std: float | None = Field(None, gt=0, description="Standard deviation of the initial weights.")
 
-    @model_validator(mode="after")
-    def _heads_fit(self) -> "TrainingModelConfig":
-        if self.n_heads and self.n_kv_heads and self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
-        return self
-
 
 class TrainingConfig(Section, SharedTrainingSettings):
     """The pipeline's training run: the settings run.json shares (training/settings.py) plus the
     demo-sized defaults and the launcher's settings below."""
 
-    preset: Literal["tiny", "125M", "350M", "1B"] = Field("tiny", description="Model size preset.")
+    preset: Literal[tuple(MODEL_PRESETS)] = Field("tiny", description="Model size preset.")
     model: TrainingModelConfig = Field(default_factory=TrainingModelConfig,
                                        description="Overrides of the preset (e.g. n_kv_heads for GQA, tie_embeddings).")
     steps: int = Field(150, ge=1, description="Optimizer steps.")
@@ -307,6 +304,24 @@ class TrainingConfig(Section, SharedTrainingSettings):
     hostfile: str | None = Field(None, description="DeepSpeed hostfile for multi-node runs.")
     seed: int = Field(0, description="Seed of the initial weights and of the data order.")
     dry_run: bool = Field(False, description="Log the exact launcher command and materialize nothing.")
+
+    @model_validator(mode="after")
+    def _model_shape_fits_preset(self) -> "TrainingConfig":
+        """The overrides over the chosen preset must build a model: fail at config load, naming the
+        overridden field, not later when the ranks start."""
+        overrides = self.model.model_dump(exclude_none=True)
+        errors = model_shape_errors({**MODEL_PRESETS[self.preset], **overrides})
+        if not errors:
+            return self
+        details = []
+        for fields, message in errors:
+            # A preset's own shape is valid, so one of the fields involved was overridden.
+            field = next(f for f in fields if f in overrides)
+            details.append(InitErrorDetails(
+                type=PydanticCustomError("model_shape", "{message} (preset {preset})",
+                                         {"message": message, "preset": self.preset}),
+                loc=("model", field), input=overrides[field]))
+        raise ValidationError.from_exception_data(type(self).__name__, details)
 
 
 class EvaluationConfig(Section):
@@ -331,6 +346,13 @@ class EvaluationConfig(Section):
                           "absolute); null skips the step, as does an environment without lm_eval ([eval] extra).")
     lm_eval_tasks: list[str] = Field(default_factory=list, description="Task (or tag/group) names to run from it.")
     lm_eval_limit: int | None = Field(None, ge=1, description="Documents per lm_eval task at most (null: all).")
+    lm_eval_device: str = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="Device of lm_eval's hf model: auto (cuda when a GPU is visible, else cpu), cpu, cuda or cuda:N.")
+    lm_eval_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights' dtype in lm_eval: auto is bfloat16 on a GPU that supports it, else float32.")
+    lm_eval_batch_size: int = Field(
+        1, ge=1, description="lm_eval batch size; 1 scores every request unpadded (raise it on a GPU for speed).")
 
 
 class MlflowConfig(Section):
@@ -459,6 +481,18 @@ SECTION_FILE_FIELDS = {
 }
 
 
+def _classifier_reference_files(section: ClassifierConfig, path: Path) -> list[Path]:
+    return reference_files([path], section.reference_patterns, section.reference_exclude)
+
+
+# Fields whose folders the stage reads only in part, with the stage's own listing of the files it
+# reads: those are hashed, so a README beside a reference corpus is not part of the code_version
+# (nor rehashed). Folders of other fields are hashed whole (content_sha256).
+SECTION_FILE_LISTERS = {
+    ("quality_classifier", "reference_paths"): _classifier_reference_files,
+}
+
+
 class ConfigError(ValueError):
     """An invalid pipeline config; the message names each bad field and what is allowed."""
 
@@ -479,7 +513,7 @@ def parse_config(data: dict, source: Path | str = "<dict>") -> PipelineConfig:
     except ValidationError as error:
         raise ConfigError(_format_errors(Path(source), error)) from None
     missing = [f"  - {field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})"
-               for field, value, path in config_files(config, list(SECTION_FILE_FIELDS)) if not path.exists()]
+               for field, value, path, _ in config_files(config, list(SECTION_FILE_FIELDS)) if not path.exists()]
     if missing:
         raise ConfigError("\n".join([f"Invalid pipeline config {Path(source)}:", *missing]))
     return config
@@ -513,14 +547,17 @@ def _field_values(data, parts: list[str], label: str):
         raise KeyError(f"SECTION_FILE_FIELDS: {label} has no field {parts[0]!r}")
 
 
-def config_files(config: PipelineConfig, sections: list[str]) -> list[tuple[str, str, Path]]:
-    """(field, configured value, resolved path) of every file named in `sections`."""
+def config_files(config: PipelineConfig, sections: list[str]) -> list[tuple[str, str, Path, Callable | None]]:
+    """(field, configured value, resolved path, path -> the files a stage reads under it, or None:
+    all) of every file named in `sections`."""
     out = []
     for section in sections:
         dumped = getattr(config, section).model_dump(mode="json")
         for spec in SECTION_FILE_FIELDS.get(section, []):
+            lister = SECTION_FILE_LISTERS.get((section, spec))
+            lister = lister and partial(lister, getattr(config, section))
             for field, value in _field_values(dumped, spec.split("."), section):
-                out.append((field, value, resolve_path(value)))
+                out.append((field, value, resolve_path(value), lister))
     return out
 
 
@@ -539,25 +576,31 @@ def _file_sha256(path: Path) -> str:
     return _FILE_SHA256[key]
 
 
-def content_sha256(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (relative path and content, hidden ones skipped)."""
+def content_sha256(path: Path, files: Iterable[Path] | None = None) -> str:
+    """sha256 of a file, or of a folder's files (relative path and content): `files` (those under
+    `path` a stage reads) when given, else all but hidden ones."""
     if not path.is_dir():
         return _file_sha256(path)
+    if files is None:
+        files = [file for file in sorted(path.rglob("*")) if file.is_file() and not any(
+            part.startswith(".") or part == "__pycache__" for part in file.relative_to(path).parts)]
     digest = hashlib.sha256()
-    for file in sorted(path.rglob("*")):
-        relative = file.relative_to(path).as_posix()
-        if file.is_file() and not any(part.startswith(".") or part == "__pycache__" for part in relative.split("/")):
-            digest.update(f"{relative}\x00{_file_sha256(file)}\n".encode())
+    for file in files:
+        digest.update(f"{file.relative_to(path).as_posix()}\x00{_file_sha256(file)}\n".encode())
     return digest.hexdigest()
 
 
 def section_hash(config: PipelineConfig, stage: str) -> str:
     sections = {name: getattr(config, name).model_dump(mode="json") for name in STAGE_SECTIONS[stage]}
     files = {}
-    for field, value, path in config_files(config, STAGE_SECTIONS[stage]):
+    for field, value, path, lister in config_files(config, STAGE_SECTIONS[stage]):
         if not path.exists():
             raise ConfigError(f"{field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})")
-        files[field] = content_sha256(path)
+        try:
+            read = lister(path) if lister and path.is_dir() else None
+        except ValueError as error:  # e.g. a reference folder with no file the patterns take
+            raise ConfigError(f"{field}: {error}") from None
+        files[field] = content_sha256(path, read)
     if files:  # only then, so stages that name no files keep their code_version
         sections["_file_sha256"] = files
     return hashlib.sha256(json.dumps(sections, sort_keys=True).encode()).hexdigest()[:12]
@@ -570,9 +613,3 @@ def code_version(config: PipelineConfig, stage: str) -> str:
 def state_dir() -> Path:
     """Git-ignored folder holding the Dagster home, the MLflow store and the default storage root."""
     return Path(os.environ.get("KILN_STATE_DIR", REPO_ROOT / ".kiln")).resolve()
-
-
-def resolve_path(value: str) -> Path:
-    """Config paths are relative to the repository root."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (REPO_ROOT / path).resolve()

@@ -3,9 +3,7 @@ decorator, and the `KilnResource` that hands out storage, Spark and MLflow setti
 """
 from __future__ import annotations
 
-import functools
 import json
-import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +12,8 @@ from typing import Iterator
 import dagster as dg
 from pydantic import PrivateAttr
 
+from training.provenance import git_commit
 from workflows.config import (
-    REPO_ROOT,
     STAGE_SECTIONS,
     PipelineConfig,
     code_version,
@@ -49,15 +47,6 @@ def stage(name: str, group: str, *, partitioned: bool, deps: list[str] = (),
         automation_condition=automation_condition,
         **kwargs,
     )
-
-
-@functools.cache
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 class KilnResource(dg.ConfigurableResource):
