@@ -80,7 +80,6 @@ class DedupConfig(BaseModel):
     keep_signal: str = Field("classifier_score", min_length=1, description="Column ranking documents to keep.")
     keep_signal_descending: bool = Field(True, description="True: higher keep_signal is better.")
     max_cc_iterations: int = Field(40, ge=1, le=1000, description="Large-star/small-star rounds before giving up.")
-    example_pairs: int = Field(5, ge=0, le=1000, description="Example (doc_id, kept_doc_id) pairs per reason in stats.")
     example_near_pairs: int = Field(
         3, ge=0, le=50, description="Near pairs shown side by side (texts, Jaccard) in the asset's metadata."
     )
@@ -373,7 +372,7 @@ def deduplicate(
     duplicates = _materialise(exact_rows.unionByName(near_removed))
     kept_df = docs_df.join(duplicates.select("doc_id"), "doc_id", "left_anti")
 
-    stats.update(_stats(duplicates, cfg))
+    stats.update(_stats(duplicates))
     stats["kept_docs"] = stats["input_docs"] - stats["exact_removed"] - stats["near_removed"]
     shown = example_pairs(docs_df, duplicates, cfg)
     stats["example_pairs_shown"] = shown
@@ -403,7 +402,7 @@ def _verify(candidates: DataFrame, rep_sigs: DataFrame, docs_df: DataFrame, cfg:
     return scored.where(F.col("jaccard") >= cfg.verify_threshold).select("src", "dst")
 
 
-def _stats(duplicates: DataFrame, cfg: DedupConfig) -> dict:
+def _stats(duplicates: DataFrame) -> dict:
     per_cluster = duplicates.groupBy("cluster_id").agg(
         (F.count("*") + 1).alias("size"), F.sum((F.col("reason") == "exact").cast("long")).alias("exact")
     )
@@ -415,24 +414,12 @@ def _stats(duplicates: DataFrame, cfg: DedupConfig) -> dict:
     histogram = {str(r["size"]): int(r["clusters"]) for r in sorted(by_size, key=lambda r: r["size"])}
     removed = sum(r["clusters"] * (r["size"] - 1) for r in by_size)
     exact_removed = sum(r["exact"] for r in by_size)
-
-    first = Window.partitionBy("reason").orderBy("doc_id")
-    rows = (
-        duplicates.withColumn("n", F.row_number().over(first))
-        .where(F.col("n") <= cfg.example_pairs)
-        .select("reason", "doc_id", "kept_doc_id")
-        .collect()
-    )
-    examples = {"exact": [], "near": []}
-    for r in sorted(rows, key=lambda r: (r["reason"], r["doc_id"])):
-        examples[r["reason"]].append([r["doc_id"], r["kept_doc_id"]])
     return {
         "exact_removed": int(exact_removed),
         "near_removed": int(removed - exact_removed),
         "clusters": int(sum(r["clusters"] for r in by_size)),
         "largest_cluster": int(max((r["size"] for r in by_size), default=0)),
         "cluster_size_histogram": histogram,
-        "example_pairs": examples,
     }
 
 

@@ -132,8 +132,10 @@ def test_clusters_and_stats(scenario):
     assert cluster["n7"] == "n7"
     assert stats["clusters"] == 6 and stats["largest_cluster"] == 4
     assert stats["cluster_size_histogram"] == {"2": 4, "3": 1, "4": 1}
-    assert stats["example_pairs"]["exact"] == [["c4", "c3"], ["e1", "e2"], ["e3", "e2"]]
-    assert ["c1", "c3"] in stats["example_pairs"]["near"]
+    # Every pair shown side by side is a real (removed, kept) row of the duplicates table.
+    shown = {(p["reason"], p["removed"]["doc_id"], p["kept"]["doc_id"]) for p in stats["example_pairs_shown"]}
+    table = {(r["reason"], r["doc_id"], r["kept_doc_id"]) for r in dups.collect()}
+    assert shown <= table and {reason for reason, _, _ in shown} == {"exact", "near"}
 
 
 def flat(text, chars=300):

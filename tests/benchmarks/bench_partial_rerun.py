@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_partial_rerun.py [--quick] [--pages N] [--crawls N] [--spark-conf K=V]
 
-One state folder, a snapshot of 60 sample crawls of 500 pages (30,000 pages, ~4 min; --quick: one
+One state folder, a snapshot of 120 sample crawls of 500 pages (60,000 pages, ~6 min; --quick: one
 crawl of 60 pages, which only exercises the mechanics: fixed costs dominate it), the checked-in pipeline.yaml
 otherwise. The full run materializes raw_crawl → deduplicated through Dagster, one run per stage;
 `full_s` is the curate part, documents → deduplicated (HTML extraction, the quality classifier,
@@ -18,7 +18,8 @@ JVM's code warm-up (JIT, query compilation) in its first stages, the full run in
 the re-run in `filtered`. On the sample crawl every stage is dominated by such fixed costs, not
 by documents; per-stage wall seconds are printed so the split is visible. The re-run process pays
 that warm-up in a 2-stage run and the full one in a 5-stage run, so the ratio falls as the
-snapshot grows (measured 2026-11-24: 0.24-0.25 at 15,000 pages, 0.17 at 30,000).
+snapshot grows (measured 2026-11-24, after C4's line removal moved into `filtered`: 0.197-0.209
+at 30,000 pages over four runs, 0.185 at 60,000; `--crawls 60` gives the smaller snapshot).
 
 Wall clock on a shared machine moves with everyone else's load; `cpu_ratio` compares CPU seconds
 of the driver, the Spark JVM and its Python workers instead (other processes do not inflate it;
@@ -48,14 +49,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="one crawl of 60 pages (a smoke run)")
     parser.add_argument("--pages", type=int, help="pages per sample crawl (24..500)")
     parser.add_argument("--crawls", type=int, help="sample crawls (seeds 0..N-1) in one WARC folder as the snapshot "
-                        "(default 60; --quick 1: the sample source itself)")
+                        "(default 120; --quick 1: the sample source itself)")
     parser.add_argument("--min-words", type=int, default=200, help="the edited threshold (default 200, was 50)")
     parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra spark.conf entry in the config copy (repeatable)")
     parser.add_argument("--state-dir", type=Path, help="keep the state here (a new folder) instead of a temporary one")
     args = parser.parse_args()
     pages = args.pages or (60 if args.quick else 500)
-    crawls = args.crawls or (1 if args.quick else 60)
+    crawls = args.crawls or (1 if args.quick else 120)
     if args.state_dir and args.state_dir.exists():
         raise SystemExit(f"--state-dir {args.state_dir} exists; give a new folder")
     with tempfile.TemporaryDirectory(prefix="bench-rerun-") as tmp:
