@@ -25,15 +25,16 @@ install: $(BIN)/kiln
 demo: install
 	$(BIN)/kiln demo
 
-# Tests also cover the optional lm-evaluation-harness step, so they install the [eval] extra.
-$(VENV)/.eval-extra: $(BIN)/kiln
-	$(BIN)/pip install --quiet -e '.[dev,eval]'
+# Tests also cover the optional lm-evaluation-harness step ([eval]) and compare C4's line removal
+# with datatrove's own filter ([bench]), so they install both extras.
+$(VENV)/.test-extras: $(BIN)/kiln
+	$(BIN)/pip install --quiet -e '.[dev,eval,bench]'
 	@touch $@
 
-test: $(VENV)/.eval-extra
+test: $(VENV)/.test-extras
 	$(BIN)/python -m pytest -q
 
-test-quick: $(VENV)/.eval-extra
+test-quick: $(VENV)/.test-extras
 	$(BIN)/python -m pytest -q -m "not slow"
 
 ui: install

@@ -10,8 +10,8 @@ SHARED_DATA = Path(os.environ.get("KILN_SHARED_DATA", REPO.parent / "shared" / "
 
 def skip_or_fail(tool: str, reason: str):
     """Skip a test whose external tool is missing, or fail it where CI requires the tool:
-    .ci/run sets KILN_REQUIRE_<TOOL>=1 (POSTGRES, BROWSER, SHELLCHECK, LM_EVAL) after installing
-    it, so a broken install turns the run red instead of silently skipping the tests behind it."""
+    .ci/run sets KILN_REQUIRE_<TOOL>=1 (POSTGRES, BROWSER, SHELLCHECK, LM_EVAL, DATATROVE) after
+    installing them, so a broken install turns the run red instead of silently skipping tests."""
     flag = f"KILN_REQUIRE_{tool.upper()}"
     if os.environ.get(flag) == "1":
         pytest.fail(f"{flag}=1 but {reason}")

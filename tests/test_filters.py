@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
+from conftest import skip_or_fail
 from engine import signals as S
 from engine.filters import (
     C4_COUNT_COLUMNS,
@@ -471,8 +472,8 @@ def test_c4_lines_match_the_reference_on_real_pages(shared_data, settings):
 def test_c4_lines_match_datatrove_on_real_pages(shared_data, settings):
     """datatrove's own C4QualityFilter line removal, beside the hand-written reference above."""
     if importlib.util.find_spec("datatrove") is None:
-        pytest.skip("datatrove is not installed (the bench extra: pip install -e '.[bench]'); "
-                    "the hand-written reference test still ran")
+        skip_or_fail("datatrove", "datatrove is not installed (the bench extra: pip install -e '.[bench]'; "
+                                  "`make test` installs it); the hand-written reference test still ran")
     from datatrove.data import Document
     from datatrove.pipeline.filters import C4QualityFilter
 
