@@ -20,7 +20,7 @@ from training.launch import run as run_training
 from training.provenance import git_commit
 from workflows.config import code_version, resolve_path
 from workflows.kiln import KilnResource, stage
-from workflows.pipes import StepMessageReader, StepProgress, training_run_config
+from workflows.pipes import training_run_config
 
 LOCAL_MLFLOW_UI = "http://127.0.0.1:5000"  # `make mlflow`
 # Paths inside the work folder move when it is published; `path` in the metadata is the real one.
@@ -111,11 +111,10 @@ def checkpoints(context: dg.AssetExecutionContext, kiln: KilnResource):
     # Messages go through a file in the work folder: on a multi-node run rank 0 may sit on another
     # host, and the work folder is on the filesystem every node shares.
     work_dir.mkdir(parents=True, exist_ok=True)
-    progress = StepProgress(context.log.info, context.log.warning, every=cfg.log_every, total=cfg.steps)
     with dg.open_pipes_session(
         context=context,
         context_injector=dg.PipesEnvContextInjector(),
-        message_reader=StepMessageReader(str(work_dir / "pipes-messages.jsonl"), on_custom_message=progress),
+        message_reader=dg.PipesFileMessageReader(str(work_dir / "pipes-messages.jsonl")),
         extras={"run_key": run_key},
     ) as session:
         # Raw launcher and rank output at debug level; rank 0's progress arrives through Pipes.
@@ -131,7 +130,6 @@ def checkpoints(context: dg.AssetExecutionContext, kiln: KilnResource):
            if isinstance(v, (int, float, str)) and not isinstance(v, bool) and k not in _NOT_METADATA},
         **{k: v for r in reported for k, v in (r.metadata or {}).items() if k not in _NOT_METADATA},
         "steps_streamed": len(steps),
-        "steps_logged_live": progress.received,
         # From metrics.jsonl: a resumed run streams only the steps after its checkpoint.
         "loss_curve": dg.MetadataValue.md(loss_curve(
             [json.loads(line) for line in (work_dir / "metrics.jsonl").read_text().splitlines()])),

@@ -6,7 +6,7 @@ import time
 
 import dagster as dg
 
-from engine.dedup import deduplicate
+from engine.dedup import deduplicate, example_pairs_markdown
 from engine.spark import write_parquet_sorted
 from workflows.kiln import KilnResource, markdown_table, stage
 
@@ -19,7 +19,7 @@ def dedup_metadata(stats: dict) -> dict:
     return {
         "cluster_sizes": dg.MetadataValue.md(markdown_table(rows, ["cluster_size", "clusters"])),
         "cluster_size_histogram": dg.MetadataValue.json(histogram),
-        "example_pairs": dg.MetadataValue.md(stats.get("example_pairs_markdown", "_(none)_")),
+        "example_pairs": dg.MetadataValue.md(example_pairs_markdown(stats["example_pairs_shown"])),
     }
 
 

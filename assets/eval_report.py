@@ -47,15 +47,13 @@ def eval_report(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Mat
     documents, without_text = heldout_documents(mixed.path, _deduplicated_texts(kiln, mixed))
     if without_text:
         context.log.warning(f"{without_text} held-out documents have no stored text: no cloze items from them")
+    # Every evaluation setting but the contamination limit (the audit below) is an evaluate_checkpoint
+    # keyword of the same name; the task folder goes in resolved.
     metrics = evaluate_checkpoint(
         ckpt.path / "export", mixed.path, documents, init_seed=_init_seed(ckpt, kiln),
-        max_sequences_per_bucket=cfg.max_sequences_per_bucket, cloze_items_per_bucket=cfg.cloze_items_per_bucket,
-        cloze_min_context_words=cfg.cloze_min_context_words, prompts=cfg.prompts,
-        sample_max_new_tokens=cfg.sample_max_new_tokens, sample_temperature=cfg.sample_temperature,
-        sample_top_k=cfg.sample_top_k, seed=cfg.seed,
+        **cfg.model_dump(exclude={"max_contamination_rate", "lm_eval_task_dir"}),
         lm_eval_task_dir=resolve_path(cfg.lm_eval_task_dir) if cfg.lm_eval_task_dir else None,
-        lm_eval_tasks=cfg.lm_eval_tasks, lm_eval_limit=cfg.lm_eval_limit, lm_eval_device=cfg.lm_eval_device,
-        lm_eval_dtype=cfg.lm_eval_dtype, lm_eval_batch_size=cfg.lm_eval_batch_size, log=context.log.info,
+        log=context.log.info,
     )
     if metrics["lm_eval"]["status"] != "ok":
         context.log.warning(f"lm_eval step skipped: {metrics['lm_eval']['reason']}")

@@ -46,7 +46,9 @@ def filtered(context: dg.AssetExecutionContext, kiln: KilnResource) -> dg.Materi
             lines = c4_line_counts(decided)  # zero for rejected documents: lines of the kept text
     finally:
         decided.unpersist()
-    # Where each threshold cuts its signal, from the stored signals: nothing is recomputed.
+    # Where each threshold cuts its signal, from the stored signals: no HTML is parsed and no
+    # model runs; only C4's page signals are recomputed (vectorised, from the stored c4_lines,
+    # in each of the report's two passes), as `decide` recomputed them for these line settings.
     report = signal_report(signals_df, cfg)
     total = n_kept + n_rejected
     keep = check_keep_rate(n_kept, total, cfg)

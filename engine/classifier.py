@@ -31,7 +31,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from engine.langid import forget_model, load_fasttext_model, normalize_for_fasttext
-from engine.paths import open_text
+from engine.paths import text_from_bytes
 
 POSITIVE_LABEL = "__label__hq"
 NEGATIVE_LABEL = "__label__lq"
@@ -125,9 +125,10 @@ def read_reference_texts(
     digest = hashlib.sha256()
     per_file: dict[str, int] = {}
     for path in reference_files(paths, patterns, exclude):
-        digest.update(path.read_bytes())
+        data = path.read_bytes()  # read once: hashed, then decoded from memory
+        digest.update(data)
         before = len(texts)
-        with open_text(path) as handle:
+        with text_from_bytes(path, data) as handle:
             if path.name.endswith((".jsonl", ".jsonl.gz")):
                 for number, line in enumerate(handle, 1):
                     if not line.strip():

@@ -28,9 +28,9 @@ kept_doc_id is always a surviving document (an exact duplicate of a document tha
 itself removed as a near duplicate points at the survivor of that near cluster), and
 cluster_id is the smallest doc_id of all documents (exact and near) in the cluster.
 
-stats["example_pairs_shown"] / stats["example_pairs_markdown"]: a few (removed, kept) pairs
-with url, the start of both texts and, for near pairs, their true shingle Jaccard. One pair
-per cluster (its smallest removed doc_id), largest clusters first, then smallest
+stats["example_pairs_shown"]: a few (removed, kept) pairs with url, the start of both texts
+and, for near pairs, their true shingle Jaccard (example_pairs_markdown renders them). One
+pair per cluster (its smallest removed doc_id), largest clusters first, then smallest
 cluster_id: deterministic, like everything else here.
 """
 from __future__ import annotations
@@ -193,13 +193,25 @@ def _signature_jaccard_fn(num_perm: int):
     return fn
 
 
+def _shingle_sets(texts: list[str], ngram: int) -> list[np.ndarray]:
+    """Each text's distinct shingle hashes, sorted, as little-endian uint32."""
+    hashes, offsets = shingle_hashes(texts, ngram)
+    return [np.unique(hashes[offsets[i] : offsets[i + 1]]).astype("<u4") for i in range(len(texts))]
+
+
+def _set_jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Jaccard of two sets of distinct shingle hashes (1.0 for two empty sets)."""
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    union = len(a) + len(b) - inter
+    return inter / union if union else 1.0
+
+
 def _shingle_set_fn(ngram: int):
     """Each document's distinct shingle hashes, sorted, as little-endian uint32 bytes."""
 
     def fn(batches):
         for pdf in batches:
-            hashes, offsets = shingle_hashes(list(pdf["text"].fillna("")), ngram)
-            sets = [np.unique(hashes[offsets[i] : offsets[i + 1]]).astype("<u4").tobytes() for i in range(len(pdf))]
+            sets = [s.tobytes() for s in _shingle_sets(list(pdf["text"].fillna("")), ngram)]
             yield pd.DataFrame({"doc_id": pdf["doc_id"], "shingles": sets})
 
     return fn
@@ -209,10 +221,7 @@ def _set_jaccard_fn(batches):
     for pdf in batches:
         jac = np.empty(len(pdf))
         for i, (a, b) in enumerate(zip(pdf["set_src"], pdf["set_dst"])):
-            sa, sb = np.frombuffer(a, dtype="<u4"), np.frombuffer(b, dtype="<u4")
-            inter = len(np.intersect1d(sa, sb, assume_unique=True))
-            union = len(sa) + len(sb) - inter
-            jac[i] = inter / union if union else 1.0
+            jac[i] = _set_jaccard(np.frombuffer(a, dtype="<u4"), np.frombuffer(b, dtype="<u4"))
         yield pd.DataFrame({"src": pdf["src"], "dst": pdf["dst"], "jaccard": jac})
 
 
@@ -374,9 +383,7 @@ def deduplicate(
 
     stats.update(_stats(duplicates))
     stats["kept_docs"] = stats["input_docs"] - stats["exact_removed"] - stats["near_removed"]
-    shown = example_pairs(docs_df, duplicates, cfg)
-    stats["example_pairs_shown"] = shown
-    stats["example_pairs_markdown"] = example_pairs_markdown(shown)
+    stats["example_pairs_shown"] = example_pairs(docs_df, duplicates, cfg)
     return kept_df, duplicates, stats
 
 
@@ -470,11 +477,7 @@ def example_pairs(docs_df: DataFrame, duplicates: DataFrame, cfg: DedupConfig) -
 
 
 def _text_jaccard(a: str, b: str, ngram: int) -> float:
-    hashes, offsets = shingle_hashes([a, b], ngram)
-    sa, sb = np.unique(hashes[offsets[0] : offsets[1]]), np.unique(hashes[offsets[1] : offsets[2]])
-    inter = len(np.intersect1d(sa, sb, assume_unique=True))
-    union = len(sa) + len(sb) - inter
-    return inter / union if union else 1.0
+    return _set_jaccard(*_shingle_sets([a, b], ngram))
 
 
 def _md_cell(value) -> str:

@@ -630,9 +630,15 @@ def extract_documents(spark, warc_paths: list[str], snapshot: str, **kwargs):
 def documents_stage(spark, warc_paths: list[str], out_dir: str, snapshot: str, **kwargs) -> dict:
     """The `documents` stage's work: `extract_documents`, then the Parquet write (one file per
     WARC file, rows by doc_id) and the per-bucket counts. Returns rows, counts, per_bucket."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
     from engine.spark import write_parquet_sorted
 
     docs, counts = extract_documents(spark, warc_paths, snapshot, **kwargs)
     rows = write_parquet_sorted(docs, out_dir, "doc_id", num_files=max(len(warc_paths), 1))
-    per_bucket = {r["bucket"]: r["count"] for r in docs.groupBy("bucket").count().collect()}
+    # Counted from the written files (the bucket column only): counting `docs` again would
+    # re-run the duplicate doc_id aggregate and join.
+    buckets = pc.value_counts(pq.read_table(out_dir, columns=["bucket"]).column("bucket"))
+    per_bucket = {b["values"].as_py(): b["counts"].as_py() for b in buckets}
     return {"rows": rows, "counts": counts, "per_bucket": per_bucket}

@@ -298,19 +298,17 @@ class C4LineOutcome:
     reason: np.ndarray  # per line: index into C4_LINE_REASONS, -1 where kept
     citation: np.ndarray  # bool per kept line: citation markers are removed from it
     page: dict  # C4_PAGE_SIGNALS -> int64 per document, on the lines left
-
-    def _line_document(self) -> np.ndarray:
-        return np.repeat(np.arange(len(self.starts) - 1), np.diff(self.starts))
+    line_doc: np.ndarray  # per line: the index of its document
 
     def removed_lines(self) -> np.ndarray:
         """Lines removed per document."""
-        return np.bincount(self._line_document()[~self.keep], minlength=len(self.starts) - 1)
+        return np.bincount(self.line_doc[~self.keep], minlength=len(self.starts) - 1)
 
     def document_counts(self, documents: np.ndarray) -> dict[str, np.ndarray]:
         """Per document (int64): lines in, lines removed per reason, kept lines with citations
         removed; zero where `documents` (bool per document) is False."""
         n = len(self.starts) - 1
-        line_doc = self._line_document()
+        line_doc = self.line_doc
         on = documents[line_doc]
         counts = {"c4_lines_in": np.bincount(line_doc[on], minlength=n)}
         for i, name in enumerate(C4_LINE_REASONS):
@@ -379,7 +377,7 @@ def c4_line_outcome(c4_lines, language, cfg: FilterConfig) -> C4LineOutcome:
         "c4_lorem_ipsum_lines": lorem.astype(np.int64),
         "c4_curly_bracket_lines": curly.astype(np.int64),
     }
-    return C4LineOutcome(starts, keep, reason, citation, page)
+    return C4LineOutcome(starts, keep, reason, citation, page, line_doc)
 
 
 # Of the PII patterns only phone numbers may span a line break (their separators include \s), so a
@@ -428,16 +426,15 @@ _ASCII_OPS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
 def rule_detail(rule: str, value: float, threshold: float, *, cfg: FilterConfig, language=None,
-                language_score: float = math.nan, spec: Rule | None = None) -> str:
+                language_score: float = math.nan, spec: Rule | None) -> str:
     """One self-explanatory line per rejection: the signal, its value, and the setting it broke.
-    `spec`: the Rule named `rule` (looked up in rules(cfg) when not given)."""
+    `spec`: the Rule named `rule` (None only for MISSING_SIGNALS, which is no rule of rules(cfg))."""
     if rule == MISSING_SIGNALS:
         return "no quality_signals row for this doc_id"
     if rule == LANGUAGE_NOT_ALLOWED:
         score = f" (score {language_score:.2f})" if language_score == language_score else ""
         shown = repr(language) if language is not None else "unknown"
         return f"language {shown}{score} not in languages [{', '.join(cfg.languages)}]"
-    spec = spec or next(r for r in rules(cfg) if r.name == rule)
     if rule == "url_blocklisted":
         return "URL matches quality_signals.url_blocklist (drop_url_blocklisted)"
     if rule in ("c4_lorem_ipsum", "c4_curly_bracket"):
@@ -477,12 +474,11 @@ def first_rule_fired(
             break
         names.append(rule.name)
         specs.append(rule)
-        if rule.op == "not_in":
+        if rule.op == "not_in":  # language_not_allowed: value and threshold stay NaN (null), `detail` says why
             hit = pd.notna(language) & ~np.isin(language, cfg.languages) & undecided
         else:
             values = _column(pdf, rule.signal)
             hit = _fire_mask(rule, values, language, cfg) & undecided
-        if rule.name not in NON_THRESHOLD_RULES:  # those stay NaN (null): `detail` says why
             value[hit] = values[hit]
             threshold[hit] = rule.threshold
         fired[hit] = len(names) - 1

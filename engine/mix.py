@@ -358,14 +358,13 @@ def _write_windows(path: str, corpus: _Corpus, seg_rows, seg_starts, seg_lengths
 
 def build_mixture(tokenized_dirs: list[str], out_dir: str, cfg: MixConfig | None = None, *, vocab_size: int,
                   eos_id: int, token_bytes_path: str,
-                  doc_texts: Mapping[str, str] | str | list[str] | None = None,
-                  eval_sets_base_dir: str | os.PathLike | None = None) -> dict:
+                  doc_texts: Mapping[str, str] | str | list[str] | None = None) -> dict:
     """Write the `mixed_shards` folder into `out_dir` from `tokenized` folders; returns the manifest.
 
     `doc_texts` (mapping doc_id -> text, or one or more Parquet files/folders with doc_id and
     text, e.g. the deduplicated `kept/` folders) is required when `cfg.decontam.eval_sets`
-    is non-empty; relative eval-set paths are resolved against `eval_sets_base_dir` (default: the
-    repository root, as pipeline.yaml's paths are). Warnings (heavy repetition, missing validation) are also listed
+    is non-empty; relative eval-set paths are resolved against the repository root, as
+    pipeline.yaml's paths are. Warnings (heavy repetition, missing validation) are also listed
     in the manifest under "warnings".
     """
     import pyarrow as pa
@@ -388,8 +387,7 @@ def build_mixture(tokenized_dirs: list[str], out_dir: str, cfg: MixConfig | None
         if doc_texts is None:
             raise ValueError("decontamination is configured but no doc_texts were given")
         without_text = set(corpus.doc_id.to_pylist())
-        dropped, decontam_report = decontaminate(_iter_doc_texts(doc_texts, without_text), cfg.decontam,
-                                                 eval_sets_base_dir)
+        dropped, decontam_report = decontaminate(_iter_doc_texts(doc_texts, without_text), cfg.decontam)
         decontam_report["documents_without_text"] = len(without_text)
         if without_text:
             notes.append(f"{len(without_text)} documents had no text and were not checked for contamination")

@@ -6,6 +6,7 @@ imports the engine's config sections, so the engine cannot import it back.
 from __future__ import annotations
 
 import gzip
+import io
 import os
 from pathlib import Path
 from typing import TextIO
@@ -26,3 +27,11 @@ def open_text(path: str | os.PathLike) -> TextIO:
     if os.fspath(path).endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8-sig")
     return open(path, encoding="utf-8-sig")
+
+
+def text_from_bytes(path: str | os.PathLike, data: bytes) -> TextIO:
+    """`data` (the bytes of the file at `path`, already read) decoded as open_text(path) would
+    read it: gunzipped when the name ends in .gz, a leading BOM dropped, universal newlines."""
+    if os.fspath(path).endswith(".gz"):
+        data = gzip.decompress(data)
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8-sig")

@@ -337,7 +337,7 @@ def _bpe_merges(vocab: dict[str, int], skip: set[str]) -> list[tuple[str, str]]:
     return [(left, right) for *_, left, right in merges]
 
 
-def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe", byte_fallback: bool | None = None,
+def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe", byte_fallback: bool,
                         user_defined_symbols: Iterable[str] = (), check_texts: Iterable[str] = ()) -> dict:
     """Write `out_dir` as a Hugging Face tokenizer of the SentencePiece model.
 
@@ -345,8 +345,8 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
     environment does not load with the installed protobuf runtime). BPE models with byte fallback
     become a Llama-style `transformers.LlamaTokenizer(vocab=..., merges=...)`; BPE models without
     it and unigram models (pieces with their scores) a `tokenizers` BPE/Unigram model in the same
-    Metaspace/ByteFallback pipeline. `byte_fallback` is the model's setting (None: read from the
-    model): without it SentencePiece emits one `<unk>` per run of unknown characters, which
+    Metaspace/ByteFallback pipeline. `byte_fallback` is the model's setting (TokenizerConfig.byte_fallback):
+    without it SentencePiece emits one `<unk>` per run of unknown characters, which
     `tokenizers` does only with byte_fallback=False and fuse_unk (LlamaTokenizer always rebuilds
     its BPE with byte fallback and no unk token, so it would drop such characters silently).
     All are saved with `save_pretrained`, plus `tokenizer.model`
@@ -375,8 +375,6 @@ def export_hf_tokenizer(model_path: str, out_dir: str, *, model_type: str = "bpe
         return {"exported": False, "reason": reason}
 
     processor = spm.SentencePieceProcessor(model_file=model_path)
-    if byte_fallback is None:
-        byte_fallback = any(processor.is_byte(i) for i in range(processor.get_piece_size()))
     user_defined = list(user_defined_symbols)
     specials = dict(unk_token=SPECIAL_PIECES[UNK_ID], bos_token=SPECIAL_PIECES[BOS_ID],
                     eos_token=SPECIAL_PIECES[EOS_ID], pad_token=SPECIAL_PIECES[PAD_ID])

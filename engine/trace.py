@@ -63,7 +63,7 @@ def id_filter(column: str, ids):
 def read_rows(path: str | list[str] | None, ids, *, column: str = "doc_id",
               columns: list[str] | None = None) -> list[dict]:
     """Rows of the Parquet file or folder `path` (or list of files) whose `column` is in `ids`
-    (no `minhash`; `c4_lines`, C4's per-line bytes, only when named in `columns`)."""
+    (`columns` only, when given; never `minhash`)."""
     import pyarrow.dataset as ds
 
     ids = set(ids)
@@ -73,7 +73,7 @@ def read_rows(path: str | list[str] | None, ids, *, column: str = "doc_id",
         return []
     dataset = ds.dataset(path, format="parquet")
     names = dataset.schema.names
-    wanted = [c for c in (columns or names) if c in names and c != "minhash" and (columns or c != "c4_lines")]
+    wanted = [c for c in (columns or names) if c in names and c != "minhash"]
     if column not in names:
         return []
     return dataset.to_table(columns=wanted, filter=id_filter(column, ids)).to_pylist()
@@ -200,13 +200,19 @@ def lookup_documents(lineage: Lineage, doc_ids, *, include_text: bool = False) -
             continue
         remaining -= located
         documents = {r["doc_id"]: r for r in doc_rows}
-        signals = {r.pop("doc_id"): {k: _clean(v) for k, v in r.items()}
-                   for r in read_rows(join("quality_signals", "data"), located)}
         rejected = {r["doc_id"]: r for r in read_rows(join("filtered", "rejected"), located)}
         filter_kept = {r["doc_id"] for r in read_rows(join("filtered", "kept"), located, columns=["doc_id"])}
-        # C4's per-line facts of the kept documents: the page signals `filtered` compared.
-        c4_lines = {r["doc_id"]: r["c4_lines"] for r in read_rows(
-            join("quality_signals", "data"), filter_kept, columns=["doc_id", "c4_lines"]) if "c4_lines" in r}
+        # One read of the signals; C4's per-line facts (bytes, not a signal) are set apart: for
+        # the kept documents they give the page signals `filtered` compared.
+        signals: dict[str, dict] = {}
+        c4_lines: dict[str, bytes | None] = {}
+        for r in read_rows(join("quality_signals", "data"), located):
+            doc_id = r.pop("doc_id")
+            if "c4_lines" in r:
+                lines = r.pop("c4_lines")
+                if doc_id in filter_kept:
+                    c4_lines[doc_id] = lines
+            signals[doc_id] = {k: _clean(v) for k, v in r.items()}
         removed = {r["doc_id"]: r for r in read_rows(join("deduplicated", "duplicates"), located)}
         representative_of: dict[str, list[dict]] = {}
         for row in read_rows(join("deduplicated", "duplicates"), located, column="kept_doc_id"):

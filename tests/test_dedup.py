@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from engine.dedup import DedupConfig, connected_components, deduplicate
+from engine.dedup import DedupConfig, connected_components, deduplicate, example_pairs_markdown
 from engine.minhash import compute_signatures, optimal_bands, shingles, signatures_to_bytes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -154,7 +154,7 @@ def test_example_pairs_side_by_side(scenario):
         expected_j = round(jaccard(text[p["kept"]["doc_id"]], text[p["removed"]["doc_id"]]), 4) if p["reason"] == "near" else None
         assert p["jaccard"] == expected_j
         assert p["kept"]["url"] == f"https://example.org/{p['kept']['doc_id']}"
-    md = stats["example_pairs_markdown"]
+    md = example_pairs_markdown(shown)
     # Both texts of the planted pair n1/n2 (two words replaced) appear, flattened, side by side.
     assert flat(text["n1"]) != flat(text["n2"])
     assert f"| text | {flat(text['n2'])}… | {flat(text['n1'])}… |" in md
@@ -168,7 +168,7 @@ def test_example_pairs_markdown_escapes_crawl_text(spark):
             ("p2", None, "ALPHA |  beta gamma <b>bold</b> " * 20, 0.1)]
     docs_df, sigs_df = frames(spark, docs)
     _, _, stats = deduplicate(spark, docs_df, sigs_df, DedupConfig(near=False, example_chars=40))
-    md = stats["example_pairs_markdown"]
+    md = example_pairs_markdown(stats["example_pairs_shown"])
     kept = r"alpha \| beta gamma &lt;b>bold&lt;/b> alpha \| b…"
     removed = r"ALPHA \| beta gamma &lt;b>bold&lt;/b> ALPHA \| b…"
     assert f"| text | {kept} | {removed} |" in md
@@ -189,7 +189,7 @@ def test_asset_metadata_histogram_and_examples(scenario):
         "| cluster_size | clusters |", "|---|---|", "| 2 | 4 |", "| 3 | 1 |", "| 4 | 1 |",
     ]
     assert meta["cluster_size_histogram"].value == {"2": 4, "3": 1, "4": 1}
-    assert meta["example_pairs"].value == stats["example_pairs_markdown"]
+    assert meta["example_pairs"].value == example_pairs_markdown(stats["example_pairs_shown"])
     text = {d[0]: d[2] for d in docs}
     assert flat(text["n3"]) in meta["example_pairs"].value and flat(text["n4"]) in meta["example_pairs"].value
 

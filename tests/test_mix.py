@@ -1,5 +1,6 @@
 import hashlib
 import json
+import os
 import warnings
 
 import numpy as np
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from engine.decontam import GSM8K_FIELDS, DecontamConfig, EvalSetConfig
 from engine.mix import MixConfig, build_mixture, load_rows, trace_sequence, validation_doc_ids
+from engine.paths import REPO_ROOT
 from engine.tokenize import read_doc_index, read_indexed_dataset, tokenize_documents
 from engine.tokenizer import EOS_ID, TokenizerConfig, train_tokenizer
 
@@ -217,8 +219,9 @@ def test_small_bucket_is_repeated_and_counted_as_epochs(env, tmp_path):
 
 
 def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path, monkeypatch):
-    # A relative path, as in pipeline.yaml, resolved against the given base and not the cwd.
-    gsm8k = EvalSetConfig(name="gsm8k", fields=GSM8K_FIELDS, path="gsm8k_test/grade_school_math_data_test.jsonl")
+    # A relative path, as in pipeline.yaml, resolved against the repository root and not the cwd.
+    relative = os.path.relpath(shared_data / "decontam" / "gsm8k_test" / "grade_school_math_data_test.jsonl", REPO_ROOT)
+    gsm8k = EvalSetConfig(name="gsm8k", fields=GSM8K_FIELDS, path=relative)
     monkeypatch.chdir(tmp_path)
     ids, texts = list(env["doc_texts"]), list(env["doc_texts"].values())
     half = len(ids) // 2  # texts spread over two Parquet files, as with several deduplicated snapshots
@@ -229,10 +232,9 @@ def test_planted_gsm8k_document_is_removed(env, shared_data, tmp_path, monkeypat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tiny buckets are repeated and have no validation here
         removed = mix(env, tmp_path / "remove", MixConfig(**base, decontam=DecontamConfig(eval_sets=[gsm8k])),
-                      doc_texts=[str(tmp_path / "texts-a.parquet"), str(tmp_path / "texts-b.parquet")],
-                      eval_sets_base_dir=shared_data / "decontam")
+                      doc_texts=[str(tmp_path / "texts-a.parquet"), str(tmp_path / "texts-b.parquet")])
         flagged = mix(env, tmp_path / "flag", MixConfig(**base, decontam=DecontamConfig(eval_sets=[gsm8k], mode="flag")),
-                      doc_texts=env["doc_texts"], eval_sets_base_dir=shared_data / "decontam")
+                      doc_texts=env["doc_texts"])
     report = removed["decontam"]
     assert report["contaminated_doc_ids"] == [PLANTED_DOC] and report["documents_removed"] == 1
     assert report["eval_sets"]["gsm8k"]["examples"][0]["item"] == "7"

@@ -322,13 +322,16 @@ def test_spike_window_statistics():
 
 
 def run_guard_step(guard: SkipGuard, step: int, micro_losses: list[float]) -> tuple[list[bool], str | None]:
-    """One optimizer step through the guard as train.py runs it: each micro-batch's (all-reduced)
-    loss is appended, `poison` decides before that micro-batch's backward, `verdict` reads it back."""
-    threshold, seen, poisoned = guard.spike_threshold(), [], []
+    """One optimizer step through the guard as train.py runs it (one rank, so a micro-batch's mean
+    over ranks is its own loss): `poison` decides before each micro-batch's backward, given the
+    stacked step losses at the last one, and `verdict` reads them back."""
+    threshold, seen, poisoned, step_losses = guard.spike_threshold(), [], [], None
     for i, value in enumerate(micro_losses):
         seen.append(torch.tensor(value, dtype=torch.float32))
-        poisoned.append(bool(guard.poison(seen, threshold, last=i == len(micro_losses) - 1)))
-    step_loss, reason = guard.verdict(seen, threshold)
+        if i == len(micro_losses) - 1:
+            step_losses = torch.stack(seen)
+        poisoned.append(bool(guard.poison(seen[-1], step_losses, threshold)))
+    step_loss, reason = guard.verdict(step_losses, threshold)
     guard.record(reason, step, step_loss, grad_norm=1.0)
     return poisoned, reason
 

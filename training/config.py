@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from training.data import load_manifest
 from training.model import ModelConfig
-from training.settings import SharedTrainingSettings
+from training.settings import SharedTrainingSettings, format_validation_errors
 
 DEFAULT_PRESET = "tiny"
 
@@ -83,18 +83,6 @@ class RunConfig(SharedTrainingSettings):
         return value
 
 
-def _format_errors(error: ValidationError) -> str:
-    lines = ["invalid run config:"]
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        if item["type"] == "extra_forbidden":
-            lines.append(f"  - {field}: unknown run config key")
-        else:
-            got = f" (got {item['input']!r})" if not isinstance(item.get("input"), dict) else ""
-            lines.append(f"  - {field}: {item['msg'].removeprefix('Value error, ')}{got}")
-    return "\n".join(lines)
-
-
 def resolve_run_config(config: dict | str | Path) -> dict:
     """run.json validated, with defaults filled in, as a plain dict (what train.py and the logs use).
 
@@ -105,7 +93,7 @@ def resolve_run_config(config: dict | str | Path) -> dict:
     try:
         return RunConfig.model_validate(config).model_dump(mode="python")
     except ValidationError as error:
-        raise ValueError(_format_errors(error)) from None
+        raise ValueError(format_validation_errors("invalid run config:", error, "unknown run config key")) from None
 
 
 def resolve_model_config(cfg: dict) -> ModelConfig:

@@ -18,7 +18,7 @@ SKIP_REASONS = ("non_finite", "spike")
 
 
 def progress_line(record: dict, total_steps: int) -> str:
-    """One step as a human line (stdout, and the Dagster run's log via the asset); `record` is a
+    """One step as a human line (stdout, and the Dagster run's log through Pipes); `record` is a
     metrics.jsonl record, where non-finite values are None."""
     def num(key: str, fmt: str) -> str:
         value = record.get(key)
@@ -144,10 +144,14 @@ class Rank0Reporter:
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(strict, allow_nan=False) + "\n")
         if record["step"] % self.log_every == 0 or record["skipped"] or record["step"] == self.total_steps:
-            print("[kiln] " + progress_line(strict, self.total_steps), flush=True)
+            line = progress_line(strict, self.total_steps)
+            print("[kiln] " + line, flush=True)
+            if self.pipes:
+                # A line of the Dagster run's log, written by Dagster's Pipes message handler as
+                # its reader reads it, while training runs.
+                (self.pipes.log.warning if record["skipped"] else self.pipes.log.info)(line)
         if self.pipes:
-            # Every step, structured; the asset turns every log_every-th one into a line of the
-            # Dagster run's log as it arrives (assets/checkpoints.py).
+            # Every step, structured (the asset counts them).
             self.pipes.report_custom_message({"kind": "step", **strict})
         if self.mlflow:
             numeric = {k: float(v) for k, v in record.items()

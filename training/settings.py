@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Unit = Annotated[float, Field(ge=0.0, lt=1.0)]
 
@@ -41,6 +41,22 @@ def model_shape_errors(shape: Mapping[str, Any]) -> list[tuple[tuple[str, ...], 
     if n_heads % n_kv_heads:
         errors.append((("n_kv_heads", "n_heads"), f"n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}"))
     return errors
+
+
+def format_validation_errors(header: str, error: ValidationError, unknown_key: str | None = None) -> str:
+    """`header`, then one line per problem naming the field (dotted), what is wrong and the value
+    given (a mapping's is left out). `unknown_key`: what a key the schema lacks is called (run.json's
+    wording); None keeps pydantic's message and the value."""
+    lines = [header]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if unknown_key is not None and item["type"] == "extra_forbidden":
+            lines.append(f"  - {field}: {unknown_key}")
+            continue
+        message = item["msg"].removeprefix("Value error, ")
+        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
+        lines.append(f"  - {field}: {message}{got}")
+    return "\n".join(lines)
 
 
 class SharedTrainingSettings(BaseModel):

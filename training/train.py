@@ -51,7 +51,8 @@ class SkipGuard:
     micro-batch is noisier by about sqrt(grad_accum_steps), so testing it against step statistics
     would skip healthy steps more often the more micro-batches a step has. Skipped steps never
     enter the window, so a spike cannot raise its own threshold. Every rank keeps its own guard;
-    they agree because they see the same all-reduced losses.
+    they agree because they decide from the same all-reduced losses (`step_losses`: the step's
+    micro-batch losses, each the mean over ranks).
     """
 
     def __init__(self, settings: SharedTrainingSettings):
@@ -70,26 +71,32 @@ class SkipGuard:
         return statistics.fmean(self.losses) + self.spike_k * statistics.pstdev(self.losses)
 
     @staticmethod
-    def step_loss(micro_losses: list[torch.Tensor]) -> torch.Tensor:
-        """The mean of the step's micro-batch losses so far, in float64 on their device: the same
-        number on every rank, and the exact value the host later logs and compares."""
-        return torch.stack(micro_losses).double().mean()
+    def step_loss(step_losses: torch.Tensor) -> torch.Tensor:
+        """The mean of the step's micro-batch losses, in float64 on their device: the same number on
+        every rank, and the exact value the host later logs and compares."""
+        return step_losses.double().mean()
 
-    def poison(self, micro_losses: list[torch.Tensor], threshold: float | None, last: bool) -> torch.Tensor:
-        """Whether the micro-batch whose loss is `micro_losses[-1]` must be poisoned (a bool tensor,
-        decided on the device without a host sync). A non-finite micro-batch is poisoned at once;
-        the spike test needs the step loss, so it is taken before the last micro-batch's backward.
-        Poisoning any micro-batch makes the accumulated gradient NaN, which discards the step."""
-        bad = ~torch.isfinite(micro_losses[-1])
-        if last and threshold is not None:
-            bad |= self.step_loss(micro_losses) > threshold
+    def poison(self, local_loss: torch.Tensor, step_losses: torch.Tensor | None,
+               threshold: float | None) -> torch.Tensor:
+        """Whether the micro-batch whose loss (this rank's) is `local_loss` must be poisoned (a bool
+        tensor, decided on the device without a host sync). A non-finite loss is poisoned at once,
+        on its own rank: ZeRO-3's global gradient-norm check then discards the step on every rank.
+        `step_losses` is given at the step's last micro-batch, before its backward: the step is
+        poisoned there, on every rank alike, when a micro-batch's mean over ranks is not finite or
+        the step loss is a spike. Poisoning any micro-batch makes the accumulated gradient NaN,
+        which discards the step."""
+        bad = ~torch.isfinite(local_loss)
+        if step_losses is not None:
+            bad |= ~torch.isfinite(step_losses).all()
+            if threshold is not None:
+                bad |= self.step_loss(step_losses) > threshold
         return bad
 
-    def verdict(self, micro_losses: list[torch.Tensor], threshold: float | None) -> tuple[float, str | None]:
+    def verdict(self, step_losses: torch.Tensor, threshold: float | None) -> tuple[float, str | None]:
         """(step loss, why the step was poisoned or None), read back on the host from the same
-        tensors `poison` decided from."""
-        step_loss = float(self.step_loss(micro_losses))
-        if not all(math.isfinite(v) for v in torch.stack(micro_losses).tolist()):
+        tensor `poison` decided from at the last micro-batch."""
+        step_loss = float(self.step_loss(step_losses))
+        if not all(math.isfinite(v) for v in step_losses.tolist()):
             return step_loss, "non_finite"
         if threshold is not None and step_loss > threshold:
             return step_loss, "spike"
@@ -253,7 +260,9 @@ def train(config: dict | str | Path) -> dict | None:
     flops_per_token = model_cfg.train_flops_per_token(data.seq_len)
 
     step, tokens_seen, prior_wall_s, run_id = 0, 0, 0.0, None
-    guard = SkipGuard(SharedTrainingSettings.model_validate({k: cfg[k] for k in SharedTrainingSettings.model_fields}))
+    # resolve_run_config validated these already.
+    guard = SkipGuard(SharedTrainingSettings.model_construct(
+        **{k: cfg[k] for k in SharedTrainingSettings.model_fields}))
     # Every rank decides from the same files; only a committed, complete checkpoint is trusted.
     resume_tag, notes = checkpointing.resume_point(ckpt_dir, world_size)
     if rank == 0:
@@ -273,7 +282,7 @@ def train(config: dict | str | Path) -> dict | None:
         run_id = client.get("mlflow_run_id")
         if "guard" in client:  # the spike window too, so a resumed run makes the same skip decisions
             guard.load_state_dict(client["guard"])
-        else:  # a checkpoint from before the spike guard
+        else:  # a checkpoint from before the spike guard, which stored only the two counters
             guard.total, guard.consecutive = client["skipped_steps"], client["consecutive_skips"]
         data.load_state_dict(client["data_cursor"])
         set_rng_state(client["rng"])
@@ -320,8 +329,8 @@ def train(config: dict | str | Path) -> dict | None:
         client_state = {"kiln": {
             "step": at_step, "tokens_seen": tokens_seen, "data_cursor": data.state_dict(),
             "rng": rng_state(), "mlflow_run_id": run_id, "model_config": model_cfg.to_dict(),
-            "wall_s": prior_wall_s + (time.time() - start_time), "skipped_steps": guard.total,
-            "consecutive_skips": guard.consecutive, "guard": guard.state_dict(), "init_fingerprint": init_fingerprint,
+            "wall_s": prior_wall_s + (time.time() - start_time), "guard": guard.state_dict(),
+            "init_fingerprint": init_fingerprint,
         }}
         # save_latest=False: DeepSpeed would write `latest` before the other ranks finish (checkpointing.py).
         engine.save_checkpoint(str(ckpt_dir), tag=tag, client_state=client_state, save_latest=False)
@@ -347,7 +356,7 @@ def train(config: dict | str | Path) -> dict | None:
             skipped_before = engine.skipped_steps
             lr = engine.get_lr()[0]
             threshold = guard.spike_threshold()
-            micro_losses = []
+            local_losses, step_losses = [], None
             for micro in range(gas):
                 inputs, targets = data.next_batch()
                 loss = engine(inputs.to(device), targets.to(device))
@@ -355,12 +364,14 @@ def train(config: dict | str | Path) -> dict | None:
                     loss = loss * loss_scale_steps[step]
                 if step in nan_steps and rank == 0:
                     loss = loss * float("nan")
-                # The mean over ranks, before backward: every rank then takes the same decision.
-                mean_loss = loss.detach().float().clone()
-                dist.all_reduce(mean_loss)
-                mean_loss /= world_size
-                micro_losses.append(mean_loss)
-                bad = guard.poison(micro_losses, threshold, last=micro == gas - 1)
+                local_losses.append(loss.detach().float())
+                if micro == gas - 1:
+                    # One all-reduce per step, before the last backward: each micro-batch's mean over
+                    # ranks, so every rank takes the same spike decision from the same numbers.
+                    step_losses = torch.stack(local_losses)
+                    dist.all_reduce(step_losses)
+                    step_losses /= world_size
+                bad = guard.poison(local_losses[-1], step_losses, threshold)
                 # A NaN loss makes this micro-batch's gradients NaN (an inf loss can have finite
                 # gradients), and DeepSpeed sums micro-batch gradients until the step's last one,
                 # so ZeRO-3's global-norm check discards the whole step on every rank. A factor of
@@ -371,7 +382,7 @@ def train(config: dict | str | Path) -> dict | None:
                     _hold_forever("step", step)  # the other ranks wait in a collective
                 engine.step()
             # reason: why Kiln poisoned the step, the same on every rank
-            step_loss, reason = guard.verdict(micro_losses, threshold)
+            step_loss, reason = guard.verdict(step_losses, threshold)
             grad_norm = engine.get_global_grad_norm()
             grad_norm = float(grad_norm) if grad_norm is not None else float("nan")
             if reason is not None and engine.skipped_steps == skipped_before:

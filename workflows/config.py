@@ -27,7 +27,7 @@ from engine.filters import FilterConfig
 from engine.mix import MixConfig
 from engine.paths import REPO_ROOT, resolve_path  # re-exported: config paths are relative to the repo root
 from engine.tokenizer import TokenizerConfig
-from training.settings import MODEL_PRESETS, SharedTrainingSettings, model_shape_errors
+from training.settings import MODEL_PRESETS, SharedTrainingSettings, format_validation_errors, model_shape_errors
 
 DEFAULT_CONFIG_PATH = REPO_ROOT / "workflows" / "pipeline.yaml"
 # Bump a stage's entry when its code changes in a way that changes its output.
@@ -497,22 +497,16 @@ class ConfigError(ValueError):
     """An invalid pipeline config; the message names each bad field and what is allowed."""
 
 
-def _format_errors(path: Path, error: ValidationError) -> str:
-    lines = [f"Invalid pipeline config {path}:"]
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        got = f" (got {item['input']!r})" if "input" in item and not isinstance(item["input"], dict) else ""
-        lines.append(f"  - {field}: {message}{got}")
-    return "\n".join(lines)
+def _missing_file(field: str, value: str) -> str:
+    return f"{field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})"
 
 
 def parse_config(data: dict, source: Path | str = "<dict>") -> PipelineConfig:
     try:
         config = PipelineConfig.model_validate(data or {})
     except ValidationError as error:
-        raise ConfigError(_format_errors(Path(source), error)) from None
-    missing = [f"  - {field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})"
+        raise ConfigError(format_validation_errors(f"Invalid pipeline config {Path(source)}:", error)) from None
+    missing = [f"  - {_missing_file(field, value)}"
                for field, value, path, _ in config_files(config, list(SECTION_FILE_FIELDS)) if not path.exists()]
     if missing:
         raise ConfigError("\n".join([f"Invalid pipeline config {Path(source)}:", *missing]))
@@ -595,7 +589,7 @@ def section_hash(config: PipelineConfig, stage: str) -> str:
     files = {}
     for field, value, path, lister in config_files(config, STAGE_SECTIONS[stage]):
         if not path.exists():
-            raise ConfigError(f"{field}: {value!r} does not exist (relative paths are relative to {REPO_ROOT})")
+            raise ConfigError(_missing_file(field, value))
         try:
             read = lister(path) if lister and path.is_dir() else None
         except ValueError as error:  # e.g. a reference folder with no file the patterns take

@@ -154,7 +154,7 @@ class KilnResource(dg.ConfigurableResource):
             "wall_seconds": round(time.time() - started, 3) if started else None,
         }
         artifact = self._storage.publish(staging, asset, partition, manifest, version_files,
-                                         checks=checks if check_results else None, failed_blocking=failed)
+                                         checks=checks or None, failed_blocking=failed)
         if failed:
             context.log.warning(f"{asset}[{artifact.partition}] failed its blocking check(s) {failed}: published as "
                                 f"{artifact.location} for inspection, NOT marked latest; downstream keeps reading "

@@ -52,7 +52,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from training.config import lr_ratio, resolve_model_config, resolve_run_config  # noqa: E402
-from training.data import TrainBatches  # noqa: E402
+from training.data import TrainBatches, load_manifest  # noqa: E402
 from training.hardware import mfu  # noqa: E402
 from training.launch import child_environment, run as launch_run  # noqa: E402
 from training.model import build_model  # noqa: E402
@@ -188,7 +188,7 @@ def main() -> None:
         tmp = Path(tmp)
         if args.shards is not None:
             shards = args.shards.resolve()
-            manifest = json.loads((shards / "manifest.json").read_text())
+            manifest = load_manifest(shards)
             seq_len, vocab = int(manifest["seq_len"]), int(manifest["vocab_size"])
         else:
             sequences = steps * args.micro_batch * ranks + args.micro_batch * ranks
