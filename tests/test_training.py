@@ -772,13 +772,18 @@ def two_rank_run(tmp_path_factory):
         # Partition every parameter (the default keeps small ones whole), so ZeRO-3 really shards.
         "deepspeed": {"zero_optimization": {"stage3_param_persistence_threshold": 0}},
     }
+    # A build lock left by a killed JIT build of DeepSpeed's CPU shm op once hung every later run.
+    torch_extensions = root / "torch_extensions"
+    (torch_extensions / "deepspeed_shm_comm").mkdir(parents=True)
+    (torch_extensions / "deepspeed_shm_comm" / "lock").touch()
     lines: list[str] = []
-    result = run(config, root / "out", log=lines.append)
+    result = run(config, root / "out", log=lines.append, extra_env={"TORCH_EXTENSIONS_DIR": str(torch_extensions)})
     return {"root": root, "out": root / "out", "config": config, "result": result, "shards": shards,
             "log": lines}
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # builds two_rank_run; a hang on a build lock fails here, not at the 40-minute default
 def test_two_rank_zero3_run(two_rank_run):
     out, result = two_rank_run["out"], two_rank_run["result"]
     assert result["steps"] == TRAIN_STEPS and result["world_size"] == 2

@@ -198,6 +198,15 @@ def _ensure_single_rank_env() -> None:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
 
 
+def _skip_cpu_shm_comm_op() -> None:
+    """On CPU, DeepSpeed's comm backend JIT-builds a shared-memory op that only its inference all-reduce
+    uses. Training never calls it, and torch's build lock (a bare file in ~/.cache/torch_extensions)
+    outlives a killed build, after which every later run waits on it forever; so it is not built."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def train(config: dict | str | Path) -> dict | None:
     """Run (or resume) training in this rank; rank 0 returns result.json's contents."""
     cfg = resolve_run_config(config)
@@ -214,6 +223,8 @@ def train(config: dict | str | Path) -> dict | None:
     from deepspeed.accelerator import get_accelerator
 
     accelerator = get_accelerator()
+    if accelerator.device_name() == "cpu":
+        _skip_cpu_shm_comm_op()
     deepspeed.init_distributed(dist_backend=accelerator.communication_backend_name())
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
