@@ -87,6 +87,10 @@ def ui_state(demo_pipeline, tmp_path_factory) -> dict:
     experiment's artifact location still names the original folder; nothing here logs artifacts.)"""
     state = tmp_path_factory.mktemp("ui") / "state"
     shutil.copytree(demo_pipeline["state"], state, symlinks=True)
+    # Dagster's first-visit "Join the Dagster community" dialog opens at a random moment, possibly over
+    # another dialog where it cannot be dismissed; Dagster skips it once $DAGSTER_HOME/.nux/nux.yaml exists.
+    (state / "dagster" / ".nux").mkdir(parents=True, exist_ok=True)
+    (state / "dagster" / ".nux" / "nux.yaml").write_text("seen: 1\n")
     env = {**os.environ, "KILN_STATE_DIR": str(state), "KILN_CONFIG": str(state / "pipeline.yaml"),
            "DAGSTER_HOME": str(state / "dagster")}
     return {"state": state, "root": state / "storage", "env": env}
@@ -109,6 +113,8 @@ def dagster_ui(ui_state):
         base = f"http://127.0.0.1:{port}"
         query = json.dumps({"query": "{ assetNodes { id } }"}).encode()
         wait_http(f"{base}/graphql", process, log, data=query)
+        nux = wait_http(f"{base}/graphql", process, log, data=json.dumps({"query": "{ shouldShowNux }"}).encode())
+        assert json.loads(nux)["data"]["shouldShowNux"] is False, "Dagster would open its community dialog"
         yield base
 
 
@@ -138,9 +144,6 @@ def page(browser, artifacts, request):
     context = browser.new_context(viewport={"width": 1600, "height": 1000})
     context.set_default_timeout(UI_TIMEOUT_MS)
     page = context.new_page()
-    # Dagster's first-visit "Join the Dagster community" dialog covers the page at a random moment.
-    page.add_locator_handler(page.get_by_text("Join the Dagster community"),
-                             lambda: page.get_by_role("button", name="Skip").click())
     page.shot = lambda name: shot(page, artifacts, f"{request.node.name}-{name}")
     yield page
     context.close()
