@@ -4,6 +4,7 @@
 test checks both runs, the browser tests click through the result.
 """
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,27 @@ ASSETS = ["raw_crawl", "documents", "quality_classifier", "quality_signals", "fi
 PARTITIONED = {"raw_crawl", "documents", "quality_signals", "filtered", "deduplicated", "tokenized"}
 GROUPS = {"ingest", "curate", "tokenize", "mix", "train", "evaluate"}
 SNAPSHOT = "sample"
+
+
+# A demo run takes minutes; a hang fails its test with the output so far instead of using up CI's 90.
+PIPELINE_TIMEOUT_S = 900
+
+
+def run_pipeline(args: list[str], env: dict, log: Path) -> subprocess.CompletedProcess:
+    """`python <args>` in the repository in its own process group, output kept in `log`. On a timeout
+    the whole group (Spark, DeepSpeed ranks) is killed and the test fails with the output's tail."""
+    with subprocess.Popen([sys.executable, *args], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=PIPELINE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            log.write_text(stdout + stderr)
+            raise AssertionError(f"python {' '.join(args)} did not finish within {PIPELINE_TIMEOUT_S} s "
+                                 f"(output in {log}); its last output:\n{(stdout + stderr)[-5000:]}") from None
+    log.write_text(stdout + stderr)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def small_config() -> dict:
@@ -43,9 +65,7 @@ def materialize_demo(state: Path, runs: int = 2) -> dict:
     env.pop("DAGSTER_HOME", None)
     results = []
     for attempt in range(runs):
-        result = subprocess.run([sys.executable, "-m", "workflows.cli", "demo"], cwd=REPO_ROOT, env=env,
-                                capture_output=True, text=True, timeout=1800)
-        (state / f"demo-{attempt}.log").write_text(result.stdout + result.stderr)
+        result = run_pipeline(["-m", "workflows.cli", "demo"], env, state / f"demo-{attempt}.log")
         assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
         results.append({"stdout": result.stdout, "versions": data_versions(state / "storage")})
     return {"state": state, "root": state / "storage", "runs": results}

@@ -4,16 +4,15 @@ the two pipeline configs; each run is its own process with its own state folder.
 """
 import hashlib
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kiln_demo import run_pipeline
 from engine.spark_standalone import StandaloneCluster
-from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT
+from workflows.config import DEFAULT_CONFIG_PATH
 
 pytestmark = pytest.mark.slow
 CURATE = ["raw_crawl", "documents", "quality_classifier", "quality_signals", "filtered", "deduplicated"]
@@ -52,10 +51,8 @@ def run_curate(state: Path, master: str) -> float:
     env = {**os.environ, "KILN_STATE_DIR": str(state), "KILN_CONFIG": str(state / "pipeline.yaml")}
     env.pop("DAGSTER_HOME", None)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-c", MATERIALIZE_CURATE], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=1800)
+    result = run_pipeline(["-c", MATERIALIZE_CURATE], env, state / "materialize.log")
     wall = time.monotonic() - started
-    (state / "materialize.log").write_text(result.stdout + result.stderr)
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     return wall
 

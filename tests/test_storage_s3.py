@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from conftest import moto_s3
+from kiln_demo import run_pipeline
 from workflows.config import DEFAULT_CONFIG_PATH, REPO_ROOT, ConfigError, parse_config
 from workflows.s3_storage import S3Storage
 from workflows.storage import LATEST, MANIFEST, SUCCESS, LocalStorage, StorageError, open_storage
@@ -507,10 +508,8 @@ def test_whole_graph_runs_on_an_s3_root(moto, tmp_path):
     env.pop("DAGSTER_HOME", None)
     assert env["AWS_SECRET_ACCESS_KEY"] == SECRET  # the only place the credentials are
     started = time.time()
-    result = subprocess.run([sys.executable, "-m", "workflows.cli", "demo"], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=1800)
+    result = run_pipeline(["-m", "workflows.cli", "demo"], env, state / "demo.log")
     wall = time.time() - started
-    (state / "demo.log").write_text(result.stdout + result.stderr)
     print(f"kiln demo on {root}: {wall:.0f}s wall")
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     assert f"Outputs:   {root}" in result.stdout

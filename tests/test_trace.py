@@ -21,6 +21,7 @@ import pytest
 import sentencepiece as spm
 import yaml
 
+from kiln_demo import run_pipeline
 from engine.filters import FilterConfig
 from engine.mix import MixConfig, build_mixture, load_rows
 from engine.tokenize import doc_index_path, read_indexed_dataset, shard_of, write_indexed_dataset
@@ -289,9 +290,7 @@ def pipeline(tmp_path_factory):
     (state / "pipeline.yaml").write_text(yaml.safe_dump(config))
     env = {**os.environ, "KILN_STATE_DIR": str(state), "KILN_CONFIG": str(state / "pipeline.yaml")}
     env.pop("DAGSTER_HOME", None)
-    result = subprocess.run([sys.executable, "-c", MATERIALIZE_UP_TO_MIXED_SHARDS], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True, timeout=1800)
-    (state / "materialize.log").write_text(result.stdout + result.stderr)
+    result = run_pipeline(["-c", MATERIALIZE_UP_TO_MIXED_SHARDS], env, state / "materialize.log")
     assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     return {"state": state, "env": env, "storage": LocalStorage(state / "storage")}
 
