@@ -20,7 +20,7 @@ from training.launch import run as run_training
 from training.provenance import git_commit
 from workflows.config import code_version, resolve_path
 from workflows.kiln import KilnResource, stage
-from workflows.pipes import training_run_config
+from workflows.training_run import training_run_config
 
 LOCAL_MLFLOW_UI = "http://127.0.0.1:5000"  # `make mlflow`
 # Paths inside the work folder move when it is published; `path` in the metadata is the real one.

@@ -135,7 +135,7 @@ NON_DEFAULT_TRAINING = {
 def test_every_training_setting_reaches_run_json(pipeline):
     """The asset's run.json (written by the dry run; the real run writes the same) carries every
     training setting of the pipeline config, and the trainer accepts it."""
-    from workflows.pipes import LAUNCH_FIELDS
+    from workflows.training_run import LAUNCH_FIELDS
     from training.config import resolve_run_config
     from workflows.config import TrainingConfig
 

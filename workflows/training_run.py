@@ -1,5 +1,5 @@
 """What the `checkpoints` asset hands the training launcher: run.json, every training setting of the
-pipeline config. (Rank 0's Dagster Pipes messages come back through Dagster's stock file reader.)
+pipeline config.
 """
 from __future__ import annotations
 
